@@ -1,0 +1,92 @@
+"""A session's policy: the knobs of the context engine, as plain frozen data.
+
+`proxy.config` builds these from TOML (defaults, then a session file's overrides);
+the engine only reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+TRUNCATIONS = ("truncate_left", "truncate_right", "middle_out", "error")
+
+DEFAULT_ERROR_PATTERNS = (r"^\s*Error", r"^\s*error:", r"^\s*Traceback")
+
+
+@dataclass(frozen=True)
+class ClearPolicy:
+    enabled: bool = True
+    keep_tokens: int = 20000
+    keep_under: int = 500
+    clear_at_least: int = 2000
+    errors_keep_under: int | None = 1000
+    exclude_tools: tuple[str, ...] = ()
+    error_patterns: tuple[str, ...] = DEFAULT_ERROR_PATTERNS
+    # Regexes that mark *user* messages as tool output (text-mode agents).
+    observation_patterns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CapsulePolicy:
+    budget_tokens: int = 1500
+    min_score: float = 0.0
+    max_capsules: int = 0
+    tags: tuple[str, ...] = ()
+    prefer_roles: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str = "default"
+    reserve_output_tokens: int = 4096
+    truncation: str = "truncate_left"
+    high_water: float = 0.90
+    low_water: float = 0.60
+    dedup: bool = True
+    pin_first_user: bool = True
+    max_message_share: float = 0.125
+    # Opt-in: keep the context near this many tokens (0 = off), for uncached models.
+    soft_budget_tokens: int = 0
+    clear_tool_outputs: ClearPolicy = field(default_factory=ClearPolicy)
+    capsules: CapsulePolicy = field(default_factory=CapsulePolicy)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One row of the model table: window, tokenizer and prices (USD per million tokens)."""
+
+    pattern: str = "*"
+    context_window: int = 128000
+    encoding: str = "o200k_base"
+    input_per_mtok: float = 1.0
+    cached_input_per_mtok: float = 0.5
+    output_per_mtok: float = 4.0
+
+    @property
+    def cache_discount(self) -> float:
+        """d: the cached price as a share of the input price (1.0 = no caching)."""
+        if self.input_per_mtok <= 0:
+            return 1.0
+        return min(1.0, max(0.0, self.cached_input_per_mtok / self.input_per_mtok))
+
+
+def policy_from_dict(data: dict[str, Any], name: str = "default") -> Policy:
+    """Build a Policy from a TOML-shaped dict; a missing key takes the default."""
+    data = dict(data)
+    clear = dict(data.pop("clear_tool_outputs", {}) or {})
+    capsules = dict(data.pop("capsules", {}) or {})
+    for key in ("exclude_tools", "error_patterns", "observation_patterns"):
+        if key in clear:
+            clear[key] = tuple(clear[key])
+    for key in ("tags", "prefer_roles", "kinds"):
+        if key in capsules:
+            capsules[key] = tuple(capsules[key])
+    data.setdefault("name", name)
+    policy = Policy(**data, clear_tool_outputs=ClearPolicy(**clear), capsules=CapsulePolicy(**capsules))
+    if policy.truncation not in TRUNCATIONS:
+        raise ValueError(f"policy.truncation must be one of {', '.join(TRUNCATIONS)}, not {policy.truncation!r}")
+    if not 0 < policy.low_water <= policy.high_water <= 1:
+        raise ValueError("policy needs 0 < low_water <= high_water <= 1")
+    return policy

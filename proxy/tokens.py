@@ -1,0 +1,78 @@
+"""The project's one token counter: tiktoken by model, OpenAI's framing, cached per message."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Any
+
+import tiktoken
+
+from proxy.context.tokens import REPLY_PRIMING, canonical_bytes, framing, message_text
+from proxy.encodings import get_encoding
+
+# Model name prefixes whose tokenizer is known; anything else takes the configured default.
+_CL100K_PREFIXES = ("gpt-4-", "gpt-4", "gpt-3.5", "text-embedding-3", "text-embedding-ada")
+_O200K_PREFIXES = ("gpt-4o", "chatgpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "ft:gpt-4o")
+
+
+def encoding_for_model(model: str, default: str = "o200k_base") -> str:
+    """`o200k_base` for gpt-4o/4.1/5 and o-series, `cl100k_base` for gpt-4/3.5, else `default`."""
+    name = model.lower()
+    if name.startswith(_O200K_PREFIXES):
+        return "o200k_base"
+    if name.startswith(_CL100K_PREFIXES):
+        return "cl100k_base"
+    return default
+
+
+class TokenCounter:
+    """Counts text and chat messages with one tiktoken encoding.
+
+    Message counts are cached by a digest of the message, so a warm turn only
+    encodes what is new; the cache is a bounded LRU.
+    """
+
+    def __init__(self, encoding: str | tiktoken.Encoding, cache_size: int = 200_000) -> None:
+        self.encoding = get_encoding(encoding) if isinstance(encoding, str) else encoding
+        self.cache_size = cache_size
+        self._cache: OrderedDict[bytes, int] = OrderedDict()
+
+    @property
+    def name(self) -> str:
+        return self.encoding.name
+
+    def count_text(self, text: str) -> int:
+        return len(self.encoding.encode_ordinary(text))
+
+    def count_message(self, message: dict[str, Any], digest: bytes | None = None) -> int:
+        key = digest if digest is not None else hashlib.blake2b(canonical_bytes(message), digest_size=16).digest()
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        count = self.count_text(message_text(message)) + framing(message)
+        self._cache[key] = count
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return count
+
+    def count_messages(self, messages: list[dict[str, Any]]) -> int:
+        return sum(self.count_message(m) for m in messages) + REPLY_PRIMING
+
+    def count_tools(self, tools: Any) -> int:
+        """The `tools` schema is sent with every request and counts against the window."""
+        if not tools:
+            return 0
+        return self.count_text(canonical_bytes(tools).decode())
+
+
+_counters: dict[str, TokenCounter] = {}
+
+
+def counter_for(encoding: str) -> TokenCounter:
+    """One shared counter per encoding, so the per-message cache is shared across sessions."""
+    counter = _counters.get(encoding)
+    if counter is None:
+        counter = _counters[encoding] = TokenCounter(encoding)
+    return counter
