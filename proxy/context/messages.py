@@ -1,0 +1,94 @@
+"""Chat messages as the engine sees them: digests, stable ids, tool outputs, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.context.tokens import canonical_bytes
+
+Message = dict[str, Any]
+
+
+def message_digest(message: Message) -> bytes:
+    """16 bytes that change whenever anything the client sent in the message changes."""
+    return hashlib.blake2b(canonical_bytes(message), digest_size=16).digest()
+
+
+def message_ids(messages: Sequence[Message], digests: Sequence[bytes] | None = None) -> list[str]:
+    """A stable id per message: its digest and which occurrence of that digest it is.
+
+    Appending messages never changes an earlier id, so a plan made by id still
+    applies once the conversation has grown (positions alone would not survive an
+    edit, and tool_call ids are reused by some agents).
+    """
+    seen: dict[bytes, int] = {}
+    out = []
+    for i, message in enumerate(messages):
+        digest = digests[i] if digests is not None else message_digest(message)
+        n = seen.get(digest, 0)
+        seen[digest] = n + 1
+        out.append(f"{digest.hex()}:{n}")
+    return out
+
+
+def content_text(message: Message) -> str | None:
+    """The message's text when its content is a string or a list of text parts; else None."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if texts and all(isinstance(t, str) for t in texts):
+            return "\n".join(texts)
+    return None
+
+
+def compile_patterns(patterns: Sequence[str]) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p) for p in patterns)
+
+
+def is_tool_output(message: Message, observation_patterns: Sequence[re.Pattern[str]] = ()) -> bool:
+    """A `tool` message, or a `user` message an observation pattern marks as tool output."""
+    role = message.get("role")
+    if role in ("tool", "function"):
+        return True
+    if role == "user" and observation_patterns:
+        text = content_text(message)
+        return text is not None and any(p.search(text) for p in observation_patterns)
+    return False
+
+
+def is_error_output(text: str, error_patterns: Sequence[re.Pattern[str]]) -> bool:
+    """Text that reports a failure: matches an error pattern, or a JSON object with a top-level `error`."""
+    if any(p.search(text) for p in error_patterns):
+        return True
+    stripped = text.lstrip()
+    if stripped.startswith("{") and '"error"' in stripped:
+        import orjson
+
+        try:
+            value = orjson.loads(stripped)
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(value, dict) and "error" in value
+    return False
+
+
+def tool_names(messages: Sequence[Message]) -> dict[int, str]:
+    """For each tool result's index, the name of the function whose call it answers."""
+    names: dict[str, str] = {}
+    out: dict[int, str] = {}
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if message.get("role") == "assistant" and isinstance(calls, list):
+            for call in calls:
+                if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                    names[str(call.get("id"))] = str(call["function"].get("name", ""))
+        elif message.get("role") == "tool":
+            name = names.get(str(message.get("tool_call_id")))
+            if name is not None:
+                out[i] = name
+    return out
