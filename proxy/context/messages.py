@@ -7,6 +7,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from proxy.context.tokens import canonical_bytes
 
 Message = dict[str, Any]
@@ -67,8 +69,6 @@ def is_error_output(text: str, error_patterns: Sequence[re.Pattern[str]]) -> boo
         return True
     stripped = text.lstrip()
     if stripped.startswith("{") and '"error"' in stripped:
-        import orjson
-
         try:
             value = orjson.loads(stripped)
         except orjson.JSONDecodeError:
