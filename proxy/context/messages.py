@@ -92,3 +92,54 @@ def tool_names(messages: Sequence[Message]) -> dict[int, str]:
             if name is not None:
                 out[i] = name
     return out
+
+
+def _call_ids(message: Message) -> list[str]:
+    """The ids of an assistant message's tool calls, in order ([] when it calls nothing)."""
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or not isinstance(calls, list):
+        return []
+    return [str(call.get("id")) for call in calls if isinstance(call, dict)]
+
+
+def units(messages: Sequence[Message]) -> list[tuple[int, int]]:
+    """The [start, end) spans that must be removed or kept together.
+
+    An assistant message with tool calls and the tool messages right after it that
+    answer those calls form one unit; any other message is its own. Pairing is by
+    position, not a global id map, because real agents reuse tool_call ids across turns.
+    """
+    spans: list[tuple[int, int]] = []
+    i = 0
+    while i < len(messages):
+        pending = _call_ids(messages[i])
+        end = i + 1
+        while pending and end < len(messages) and messages[end].get("role") == "tool":
+            answered = str(messages[end].get("tool_call_id"))
+            if answered not in pending:
+                break
+            pending.remove(answered)
+            end += 1
+        spans.append((i, end))
+        i = end
+    return spans
+
+
+def check_pairing(messages: Sequence[Message]) -> list[str]:
+    """Why an upstream would refuse this list's tool calls and results; [] when it would not."""
+    problems: list[str] = []
+    for start, end in units(messages):
+        first = messages[start]
+        if first.get("role") == "tool":
+            problems.append(
+                f"message {start}: tool result for call {first.get('tool_call_id')!r} "
+                "does not follow the assistant message that made the call"
+            )
+            continue
+        answered = [str(m.get("tool_call_id")) for m in messages[start + 1 : end]]
+        for call_id in _call_ids(first):
+            if call_id in answered:
+                answered.remove(call_id)
+            else:
+                problems.append(f"message {start}: call {call_id!r} has no result")
+    return problems
