@@ -1,14 +1,31 @@
 """The pure context engine: data in, data out; no I/O, no asyncio, no clocks."""
 
+from proxy.context.capsules import Capsule, ContextBundle, ContextRequest, select_capsules
+from proxy.context.clearing import Cleared, ClearPlan, ClearToolOutputs
+from proxy.context.diff import ContextBlock, ContextDiff, build_context_diff
 from proxy.context.policy import CapsulePolicy, ClearPolicy, ModelInfo, Policy, policy_from_dict
 from proxy.context.tokens import Counter, HeuristicCounter
+from proxy.context.window import ContextError, ContextWindow, TruncationStrategy
 
 __all__ = [
+    "Capsule",
     "CapsulePolicy",
+    "ClearPlan",
     "ClearPolicy",
+    "ClearToolOutputs",
+    "Cleared",
+    "ContextBlock",
+    "ContextBundle",
+    "ContextDiff",
+    "ContextError",
+    "ContextRequest",
+    "ContextWindow",
     "Counter",
     "HeuristicCounter",
     "ModelInfo",
     "Policy",
+    "TruncationStrategy",
+    "build_context_diff",
     "policy_from_dict",
+    "select_capsules",
 ]
