@@ -1,0 +1,93 @@
+"""The one config loader: defaults, model table, session overrides, reload keeping the last good."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from proxy.config import DEFAULT_CONFIG, ConfigError, ConfigHolder, load_settings
+
+
+@pytest.fixture
+def config_dir(tmp_path: Path) -> Path:
+    shutil.copy(DEFAULT_CONFIG, tmp_path / "proxy.toml")
+    shutil.copytree(DEFAULT_CONFIG.parent / "sessions", tmp_path / "sessions")
+    return tmp_path
+
+
+def bump(path: Path) -> None:
+    """Move the mtime forward so a reload sees the change even within one clock tick."""
+    st = path.stat()
+    os.utime(path, (st.st_atime + 5, st.st_mtime + 5))
+
+
+def test_the_default_config_loads_with_the_documented_defaults() -> None:
+    settings = load_settings()
+    assert (settings.server.host, settings.server.port, settings.server.max_body_mb) == ("127.0.0.1", 8787, 32)
+    policy = settings.policy
+    assert policy.truncation == "truncate_left" and policy.high_water == 0.90 and policy.low_water == 0.60
+    assert policy.clear_tool_outputs.keep_under == 500 and policy.capsules.budget_tokens == 1500
+
+
+def test_the_most_specific_model_glob_wins() -> None:
+    settings = load_settings()
+    assert settings.model("gpt-4o-mini-2024-07-18").pattern == "gpt-4o-mini*"
+    assert settings.model("gpt-4o-2024-08-06").pattern == "gpt-4o*"
+    assert settings.model("gpt-4").context_window == 8192
+    assert settings.model("some-local-model").pattern == "*"
+
+
+def test_upstream_flag_overrides_the_config() -> None:
+    assert load_settings(upstream_url="http://127.0.0.1:9/v1").upstream.base_url == "http://127.0.0.1:9/v1"
+
+
+def test_session_files_override_policy_keys_and_add_capsules() -> None:
+    settings = load_settings()
+    policy, capsules = settings.policy_for("agent-7")
+    assert policy.name == "example"
+    assert policy.clear_tool_outputs.keep_tokens == 8000
+    assert policy.clear_tool_outputs.keep_under == 500  # not overridden: the default stays
+    assert [c.id for c in capsules] == ["tests-convention"]
+    assert settings.policy_for("someone-else") == (settings.policy, ())
+
+
+def test_capsules_can_come_from_files_relative_to_the_config(config_dir: Path) -> None:
+    (config_dir / "capsules").mkdir()
+    (config_dir / "capsules" / "style.md").write_text("Use black.")
+    (config_dir / "sessions" / "files.toml").write_text(
+        'match = ["exact-id"]\n[[capsules]]\nid = "style"\nkind = "convention"\nfile = "../capsules/style.md"\n'
+    )
+    _, capsules = load_settings(config_dir / "proxy.toml").policy_for("exact-id")
+    assert capsules[0].text == "Use black."
+
+
+def test_a_broken_file_names_its_path_and_line(config_dir: Path) -> None:
+    (config_dir / "sessions" / "bad.toml").write_text('match = ["x"]\n[policy\n')
+    with pytest.raises(ConfigError, match=r"bad\.toml.*line 2"):
+        load_settings(config_dir / "proxy.toml")
+
+
+def test_an_invalid_policy_value_is_reported(config_dir: Path) -> None:
+    (config_dir / "sessions" / "bad.toml").write_text('match = ["x"]\n[policy]\ntruncation = "sideways"\n')
+    with pytest.raises(ConfigError, match="truncation"):
+        load_settings(config_dir / "proxy.toml")
+
+
+def test_reload_takes_a_good_change_and_keeps_the_last_good_on_a_broken_one(config_dir: Path) -> None:
+    holder = ConfigHolder(load_settings(config_dir / "proxy.toml"))
+    assert holder.reload_if_changed() is False
+
+    session = config_dir / "sessions" / "example.toml"
+    session.write_text(session.read_text().replace("keep_tokens = 8000", "keep_tokens = 4000"))
+    bump(session)
+    assert holder.reload_if_changed() is True
+    assert holder.settings.policy_for("agent-1")[0].clear_tool_outputs.keep_tokens == 4000
+
+    session.write_text("match = [\n")
+    bump(session)
+    assert holder.reload_if_changed() is False
+    assert "example.toml" in (holder.last_error or "")
+    assert holder.settings.policy_for("agent-1")[0].clear_tool_outputs.keep_tokens == 4000
