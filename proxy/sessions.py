@@ -1,0 +1,165 @@
+"""Which conversation a request belongs to (SPEC §2), and what the proxy remembers about it.
+
+A `Session` holds the engine's journal and per-turn statistics: a few numbers and
+digests per message, never the conversation's text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.context.policy import ModelInfo
+from proxy.context.tokens import canonical_bytes
+
+MAX_ID_LENGTH = 128
+SESSION_HEADER = "x-session-id"
+# Turn statistics kept per session; older turns are dropped from the report, never from the journal.
+MAX_TURNS_KEPT = 1000
+
+
+def sanitize_session_id(raw: Any) -> str | None:
+    """Printable ASCII without spaces, at most MAX_ID_LENGTH; None when nothing usable is left.
+
+    A long id keeps a readable head and a hash of the whole, so two long ids never collapse into one.
+    """
+    if not isinstance(raw, str):
+        return None
+    clean = "".join(c for c in raw if "!" <= c <= "~")
+    if not clean:
+        return None
+    if clean == raw and len(clean) <= MAX_ID_LENGTH:
+        return clean
+    digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{clean[: MAX_ID_LENGTH - 17]}~{digest}"
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:  # a plain dict is case-sensitive; aiohttp's headers are not
+        value = next((v for k, v in headers.items() if k.lower() == name), None)
+    return value
+
+
+def _first(messages: Any, roles: tuple[str, ...]) -> Any:
+    if not isinstance(messages, list):
+        return None
+    return next((m.get("content") for m in messages if isinstance(m, dict) and m.get("role") in roles), None)
+
+
+def fingerprint(credential: str, body: Mapping[str, Any]) -> str:
+    """A session id from who is asking and how the conversation starts.
+
+    The credential is part of it, so two users with the same system prompt and task never share a session.
+    """
+    messages = body.get("messages")
+    parts = (
+        credential.encode("utf-8", "surrogatepass"),
+        canonical_bytes(_first(messages, ("system", "developer"))),
+        canonical_bytes(_first(messages, ("user",))),
+    )
+    digest = hashlib.sha256(b"\x00".join(hashlib.sha256(p).digest() for p in parts)).hexdigest()
+    return f"fp-{digest[:32]}"
+
+
+def session_id_for(
+    path_session: str | None, headers: Mapping[str, str], body: Mapping[str, Any], credential: str
+) -> str:
+    """SPEC §2's order: the `/s/{id}/v1` path, `X-Session-Id`, `metadata.session_id`, else a fingerprint."""
+    metadata = body.get("metadata")
+    candidates = (
+        path_session,
+        _header(headers, SESSION_HEADER),
+        metadata.get("session_id") if isinstance(metadata, dict) else None,
+    )
+    for raw in candidates:
+        session_id = sanitize_session_id(raw)
+        if session_id:
+            return session_id
+    return fingerprint(credential, body)
+
+
+def cost_usd(model: ModelInfo, prompt_tokens: int, cached_tokens: int) -> float:
+    """Input cost of one request: uncached tokens at the input price, cached ones at the cached price."""
+    cached = max(0, min(cached_tokens, prompt_tokens))
+    return ((prompt_tokens - cached) * model.input_per_mtok + cached * model.cached_input_per_mtok) / 1e6
+
+
+@dataclass
+class TurnStats:
+    """One turn as `GET /sessions/{id}` shows it: the engine's report plus what the upstream billed."""
+
+    report: dict[str, Any]
+    model: str = ""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    cost_usd: float | None = None
+    direct_cost_usd: float | None = None  # the same turn sent unedited, as estimated from our counts
+    retried: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.report,
+            "model": self.model,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cost_usd": self.cost_usd,
+            "direct_cost_usd": self.direct_cost_usd,
+            "retried": self.retried,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TurnStats:
+        data = dict(data)
+        fields = {k: data.pop(k) for k in ("model", "prompt_tokens", "cached_tokens", "retried") if k in data}
+        costs = {k: data.pop(k) for k in ("cost_usd", "direct_cost_usd") if k in data}
+        return cls(report=data, **fields, **costs)
+
+
+@dataclass
+class Session:
+    """One conversation: its journal, the policy it runs under, and what each turn cost."""
+
+    id: str
+    journal: Any  # proxy.context.journal.Journal
+    policy: str = "default"
+    turns: list[TurnStats] = field(default_factory=list)
+    turn_count: int = 0
+    last_seen: float = 0.0
+    # Upstream prompt tokens per token we estimated, learned from a context_length_exceeded retry.
+    correction: float = 1.0
+    # The direct (unedited) prompt size of the previous turn, for the direct-cost estimate.
+    direct_prompt_tokens: int = 0
+
+    def add_turn(self, stats: TurnStats) -> None:
+        self.turns.append(stats)
+        self.turn_count += 1
+        if len(self.turns) > MAX_TURNS_KEPT:
+            del self.turns[: len(self.turns) - MAX_TURNS_KEPT]
+
+    def summary(self) -> dict[str, Any]:
+        """The `GET /sessions` row: no message text."""
+        last = self.turns[-1].report if self.turns else {}
+        return {
+            "id": self.id,
+            "policy": self.policy,
+            "turns": self.turn_count,
+            "tokens_before": last.get("tokens_before"),
+            "tokens_after": last.get("tokens_after"),
+            "last_seen": self.last_seen,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `GET /sessions/{id}` body."""
+        cost = sum(t.cost_usd or 0.0 for t in self.turns)
+        direct = sum(t.direct_cost_usd or 0.0 for t in self.turns)
+        return {
+            **self.summary(),
+            "correction": self.correction,
+            "cost_usd": cost,
+            "direct_cost_usd": direct,
+            "saved_usd": direct - cost,
+            "turn_details": [t.to_dict() for t in self.turns],
+        }

@@ -1,0 +1,184 @@
+"""Session identity (SPEC §2) and the bounded, optionally persistent session store."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from proxy.config import StateConfig
+from proxy.context.policy import ModelInfo
+from proxy.sessions import MAX_ID_LENGTH, Session, TurnStats, cost_usd, sanitize_session_id, session_id_for
+from proxy.state import SessionStore
+
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+TASK = {"role": "user", "content": "Fix the failing test."}
+
+
+class FakeJournal:
+    """Stands in for the engine's Journal: only to_dict/from_dict matter to the store."""
+
+    def __init__(self, entries: list[Any] | None = None) -> None:
+        self.entries = entries or []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FakeJournal:
+        return cls(list(data["entries"]))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_store(**kwargs: Any) -> SessionStore:
+    return SessionStore(new_journal=FakeJournal, journal_from_dict=FakeJournal.from_dict, **kwargs)
+
+
+def body(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"model": "gpt-4o", "messages": list(messages), **extra}
+
+
+def test_path_session_comes_first() -> None:
+    got = session_id_for("from-path", {"X-Session-Id": "from-header"}, body(TASK, metadata={"session_id": "m"}), "k")
+    assert got == "from-path"
+
+
+def test_header_then_metadata_then_fingerprint() -> None:
+    assert session_id_for(None, {"x-session-id": "h"}, body(TASK, metadata={"session_id": "m"}), "k") == "h"
+    assert session_id_for(None, {}, body(TASK, metadata={"session_id": "m"}), "k") == "m"
+    assert session_id_for(None, {}, body(SYSTEM, TASK), "k").startswith("fp-")
+
+
+def test_fingerprint_is_stable_as_the_conversation_grows() -> None:
+    first = session_id_for(None, {}, body(SYSTEM, TASK), "key-a")
+    later = session_id_for(None, {}, body(SYSTEM, TASK, {"role": "assistant", "content": "ok"}, TASK), "key-a")
+    assert first == later
+
+
+def test_two_users_with_the_same_prompts_get_different_sessions() -> None:
+    same = body(SYSTEM, TASK)
+    assert session_id_for(None, {}, same, "key-a") != session_id_for(None, {}, same, "key-b")
+
+
+def test_a_different_task_is_a_different_session() -> None:
+    other = {"role": "user", "content": "Write the docs."}
+    assert session_id_for(None, {}, body(SYSTEM, TASK), "k") != session_id_for(None, {}, body(SYSTEM, other), "k")
+
+
+def test_unusable_ids_fall_through_to_the_next_source() -> None:
+    assert session_id_for("", {"X-Session-Id": " \t"}, body(TASK, metadata={"session_id": 42}), "k").startswith("fp-")
+    assert session_id_for(None, {}, body(TASK, metadata="not a dict"), "k").startswith("fp-")
+
+
+def test_ids_are_printable_and_capped_without_collisions() -> None:
+    assert sanitize_session_id("agent-1") == "agent-1"
+    dirty = sanitize_session_id("agent\r\n1")
+    assert dirty is not None and dirty.startswith("agent1~") and dirty != "agent1"
+    long_a, long_b = sanitize_session_id("a" * 500 + "x"), sanitize_session_id("a" * 500 + "y")
+    assert long_a and long_b and long_a != long_b
+    assert len(long_a) <= MAX_ID_LENGTH and long_a.isprintable()
+    assert sanitize_session_id("\x00\x01") is None
+
+
+def test_cost_counts_cached_tokens_at_the_cached_price() -> None:
+    model = ModelInfo(input_per_mtok=2.0, cached_input_per_mtok=0.5)
+    assert cost_usd(model, 1_000_000, 0) == pytest.approx(2.0)
+    assert cost_usd(model, 1_000_000, 600_000) == pytest.approx(0.8 + 0.3)
+
+
+def test_session_report_has_no_message_text() -> None:
+    session = Session(id="s", journal=FakeJournal())
+    session.add_turn(TurnStats(report={"turn": 1, "tokens_before": 10, "tokens_after": 8}, prompt_tokens=9))
+    assert session.summary() == {
+        "id": "s",
+        "policy": "default",
+        "turns": 1,
+        "tokens_before": 10,
+        "tokens_after": 8,
+        "last_seen": 0.0,
+    }
+    assert session.to_dict()["turn_details"][0]["prompt_tokens"] == 9
+
+
+def test_store_evicts_the_least_recently_seen_beyond_max_sessions() -> None:
+    clock = Clock()
+    store = make_store(max_sessions=2, clock=clock)
+    for sid in ("a", "b"):
+        store.get(sid)
+        clock.now += 1
+    store.get("a")  # "b" is now the least recently seen
+    clock.now += 1
+    store.get("c")
+    assert "a" in store and "c" in store and "b" not in store
+    assert len(store) == 2
+
+
+def test_store_forgets_sessions_idle_past_the_ttl() -> None:
+    clock = Clock()
+    store = make_store(idle_ttl_s=60, clock=clock)
+    store.get("old").journal.entries.append("x")
+    clock.now += 30
+    store.get("young")
+    clock.now += 40  # "old" idle 70 s, "young" 40 s
+    store.get("other")
+    assert "old" not in store and "young" in store
+    assert store.get("old").journal.entries == []
+
+
+def test_sqlite_keeps_journals_across_a_restart(tmp_path) -> None:
+    path = tmp_path / "state.sqlite"
+    store = make_store(path=path)
+    session = store.get("agent-1")
+    session.journal.entries.extend(["kept", "cleared"])
+    session.policy = "agents"
+    session.correction = 1.07
+    session.add_turn(TurnStats(report={"turn": 1}, prompt_tokens=120, cached_tokens=64))
+    store.save(session)
+    store.close()
+
+    again = make_store(path=path).get("agent-1")
+    assert again.journal.entries == ["kept", "cleared"]
+    assert (again.policy, again.correction, again.turn_count) == ("agents", 1.07, 1)
+    assert again.turns[0].cached_tokens == 64
+
+
+def test_a_session_evicted_from_memory_comes_back_from_the_file(tmp_path) -> None:
+    store = make_store(path=tmp_path / "s.sqlite", max_sessions=1)
+    first = store.get("a")
+    first.journal.entries.append("decision")
+    store.save(first)
+    store.get("b")
+    assert "a" not in store
+    assert store.get("a").journal.entries == ["decision"]
+
+
+def test_expired_rows_are_deleted_from_the_file(tmp_path) -> None:
+    clock = Clock()
+    store = make_store(path=tmp_path / "s.sqlite", idle_ttl_s=60, clock=clock)
+    store.save(store.get("a"))
+    clock.now += 120
+    store.get("b")
+    assert store.peek("a") is None
+
+
+def test_from_config_takes_the_state_section(tmp_path) -> None:
+    store = SessionStore.from_config(StateConfig(max_sessions=3, idle_ttl_s=5, path=str(tmp_path / "x.db")))
+    assert (store.max_sessions, store.idle_ttl_s, store.persistent) == (3, 5, True)
+
+
+def test_saving_a_long_session_is_cheap(tmp_path) -> None:
+    store = make_store(path=tmp_path / "s.sqlite")
+    session = store.get("long")
+    session.journal.entries.extend({"digest": "ab" * 16, "action": "kept", "tokens": 100} for _ in range(2000))
+    start = time.perf_counter()
+    for _ in range(20):
+        store.save(session)
+    assert (time.perf_counter() - start) / 20 < 0.02
