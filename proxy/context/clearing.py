@@ -78,9 +78,10 @@ class ClearToolOutputs:
 
     Never cleared: the last message, error outputs (unless `errors_keep_under` is set and
     the error is at least that long), outputs under `keep_under` tokens, outputs of tools
-    in `exclude_tools`, outputs already cleared. Every output still present, exempt or
-    not, counts toward the newest `keep_tokens`; the first one (walking back) that does
-    not fit entirely marks the boundary, and older outputs are the ones cleared.
+    in `exclude_tools`, outputs already cleared. Sizes are an output's content tokens;
+    tokens freed are measured on the whole message. Every output still present, exempt
+    or not, counts toward the newest `keep_tokens`; the first one (walking back) that
+    does not fit entirely is the newest one cleared, and all older ones go with it.
     """
 
     PLACEHOLDER: ClassVar[str] = PLACEHOLDER
@@ -149,21 +150,27 @@ class ClearToolOutputs:
         """Position in `outputs` of the newest output outside the newest `keep_tokens`; -1 if none."""
         kept = 0
         for position in range(len(outputs) - 1, -1, -1):
-            kept += counter.count_message(messages[outputs[position]])
+            kept += _size(messages[outputs[position]], counter)
             if kept > self.keep_tokens:
                 return position
         return -1
 
     def _saving(self, message: Message, tool: str | None, counter: Counter) -> int:
         """Tokens clearing this output would free, or 0 when a rule keeps it."""
-        size = counter.count_message(message)
+        size = _size(message, counter)
         if size < self.keep_under or (tool is not None and tool in self.exclude_tools):
             return 0
         text = content_text(message)
         long_error_clears = self.errors_keep_under is not None and size >= self.errors_keep_under
         if text is not None and not long_error_clears and is_error_output(text, _compiled(self.error_patterns)):
             return 0
-        return size - counter.count_message({**message, "content": PLACEHOLDER})
+        return counter.count_message(message) - counter.count_message({**message, "content": PLACEHOLDER})
+
+
+def _size(message: Message, counter: Counter) -> int:
+    """An output's own tokens, without the chat framing: what `keep_tokens` and `keep_under` measure."""
+    text = content_text(message)
+    return counter.count_text(text) if text is not None else counter.count_message(message)
 
 
 def _is_cleared(message: Message) -> bool:
