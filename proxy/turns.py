@@ -1,0 +1,63 @@
+"""The seam between the HTTP shell and the context engine (docs/architecture.md).
+
+The shell only knows these Protocols; `proxy.chat` implements them for real and
+`PassthroughService` forwards every body unchanged, so the shell runs and is tested alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class PreparedTurn(Protocol):
+    body: dict  # what goes upstream (messages rewritten, maybe stream_options added)
+    headers: dict[str, str]  # X-Context-* headers for the client's response
+    strip_usage_chunk: bool  # we asked upstream for include_usage; drop that chunk before the client
+
+    def record_usage(self, usage: dict) -> None: ...  # from the JSON body or the last SSE chunk
+
+    def refit(self, reported_prompt_tokens: int) -> dict | None: ...  # upstream said context_length_exceeded
+
+
+@runtime_checkable
+class ContextService(Protocol):
+    def prepare(
+        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str
+    ) -> PreparedTurn: ...
+
+
+class Rejected(Exception):
+    """Raised by `ContextService.prepare` to answer locally (e.g. policy `error`) instead of forwarding."""
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+@dataclass
+class PassthroughTurn:
+    """A turn forwarded exactly as the client sent it."""
+
+    body: dict
+    headers: dict[str, str] = field(default_factory=dict)
+    strip_usage_chunk: bool = False
+    usage: dict[str, Any] | None = None
+
+    def record_usage(self, usage: dict) -> None:
+        self.usage = usage
+
+    def refit(self, reported_prompt_tokens: int) -> dict | None:
+        return None
+
+
+class PassthroughService:
+    """The shell's default engine: body unchanged, no headers, no stripping."""
+
+    def prepare(
+        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str
+    ) -> PassthroughTurn:
+        return PassthroughTurn(body=body)
