@@ -104,7 +104,7 @@ def select_capsules(
     request: ContextRequest, capsules: Sequence[Capsule], counter: Counter | None = None
 ) -> ContextBundle:
     """Filter by kind, score, then fill the budget greedily by score (ties by id), at most `max_capsules`."""
-    counter = counter or HeuristicCounter()
+    counter = counter if counter is not None else HeuristicCounter()
     kinds = {k.lower() for k in request.kinds}
     candidates = [c for c in capsules if not kinds or c.kind.lower() in kinds]
     documents = [_words(f"{c.text} {c.kind} {' '.join(c.tags)}") for c in candidates]

@@ -54,7 +54,7 @@ class ClearPlan:
 
         Outputs already cleared or no longer present are skipped, so applying twice is harmless.
         """
-        counter = counter or HeuristicCounter()
+        counter = counter if counter is not None else HeuristicCounter()
         results = tokens = 0
         for i in self.indices(messages):
             message = messages[i]
@@ -125,7 +125,7 @@ class ClearToolOutputs:
 
     def plan(self, messages: Sequence[Message], counter: Counter | None = None) -> ClearPlan:
         """Which outputs `clear` would clear, by stable id; empty if it would free under `clear_at_least`."""
-        counter = counter or HeuristicCounter()
+        counter = counter if counter is not None else HeuristicCounter()
         observations = _compiled(self.observation_patterns)
         outputs = [i for i, m in enumerate(messages) if is_tool_output(m, observations) and not _is_cleared(m)]
         boundary = self._boundary(messages, outputs, counter)
