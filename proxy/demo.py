@@ -1,0 +1,155 @@
+"""`context-proxy demo`: a real agent trace replayed against a 32k-window upstream, direct and through the proxy.
+
+Everything runs on 127.0.0.1: the simulator plays the upstream (it bills prompt and
+cached tokens and refuses requests over the window), the proxy sits in front of it,
+and the official `openai` SDK sends the agent's requests turn by turn. No key, no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from proxy.config import ConfigHolder, load_settings
+from proxy.context.policy import ModelInfo
+from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
+from proxy.traces import Trace, list_traces, load_trace, requests
+
+DEFAULT_TRACE = "mini_django-11138.tools.json"
+DEFAULT_MODEL = "sim-32k"
+
+
+@dataclass
+class ReplayResult:
+    """One replay of a trace: what the client saw and what the upstream billed."""
+
+    label: str
+    turns: int = 0
+    failed: int = 0  # refused with context_length_exceeded
+    first_failure: int | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    last_headers: dict[str, str] = field(default_factory=dict)
+
+    def billed_input(self, model: ModelInfo) -> float:
+        """USD for the prompt tokens: the uncached ones at the input price, the cached at the cached price."""
+        uncached = self.prompt_tokens - self.cached_tokens
+        return (uncached * model.input_per_mtok + self.cached_tokens * model.cached_input_per_mtok) / 1e6
+
+
+async def replay(base_url: str, trace: Trace, model: str, label: str, max_turns: int | None = None) -> ReplayResult:
+    """Send each of the trace's requests as the agent did (streamed, usage requested) and tally the outcome."""
+    result = ReplayResult(label)
+    extra: dict[str, Any] = {"tools": trace.tools} if trace.tools else {}
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="demo", max_retries=0, timeout=60) as client:
+        for turn, (messages, _answer) in enumerate(requests(trace), start=1):
+            if max_turns is not None and turn > max_turns:
+                break
+            result.turns += 1
+            try:
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=model, messages=messages, stream=True, stream_options={"include_usage": True}, **extra
+                )
+            except openai.BadRequestError as exc:
+                if exc.code != "context_length_exceeded":
+                    raise
+                result.failed += 1
+                result.first_failure = result.first_failure or turn
+                continue
+            result.last_headers = {k: v for k, v in raw.headers.items() if k.lower().startswith("x-context-")}
+            async for chunk in raw.parse():
+                if chunk.usage is not None:
+                    result.prompt_tokens += chunk.usage.prompt_tokens
+                    details = chunk.usage.prompt_tokens_details
+                    result.cached_tokens += (details.cached_tokens or 0) if details else 0
+    return result
+
+
+def _row(name: str, direct: Any, proxied: Any) -> str:
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        return f"{value:,}" if isinstance(value, int) else str(value)
+
+    return f"  {name:<24}{cell(direct):>14}{cell(proxied):>14}"
+
+
+def render(trace: Trace, model: str, info: ModelInfo, results: list[ReplayResult]) -> str:
+    """The demo's table: one column per replay."""
+    lines = [
+        f"trace {trace.name}: {trace.turns} turns ({trace.format or 'agent'}; {trace.source.split(':')[0]})",
+        f"model {model}: window {info.context_window:,} tokens; input ${info.input_per_mtok:.2f}, "
+        f"cached input ${info.cached_input_per_mtok:.2f} per million tokens",
+        "",
+        "  " + " " * 24 + "".join(f"{r.label:>14}" for r in results),
+    ]
+    rows = [
+        ("turns sent", [r.turns for r in results]),
+        ("turns failed (window)", [r.failed for r in results]),
+        ("first failed turn", [r.first_failure for r in results]),
+        ("prompt tokens billed", [r.prompt_tokens for r in results]),
+        ("cached tokens", [r.cached_tokens for r in results]),
+        ("billed input", [f"${r.billed_input(info):.4f}" for r in results]),
+    ]
+    lines += [_row(name, *values) for name, values in rows]
+    lines.append("  (a refused turn is not billed; a real agent would have stopped at its first one)")
+    headers = results[-1].last_headers
+    if headers:
+        lines += ["", "last turn through the proxy:"] + [f"  {k}: {v}" for k, v in sorted(headers.items())]
+    return "\n".join(lines)
+
+
+async def run_demo(trace_name: str, model: str, max_turns: int | None = None) -> str:
+    """Start the simulator and the proxy, replay the trace direct and through the proxy; return the table."""
+    from proxy import server  # the shell; imported late so `--help` and `--list` work without it
+
+    trace = load_trace(trace_name)
+    info = load_settings().model(model)
+    sim_runner, sim_url = await start_simulator(SimulatorConfig(models={model: info.context_window}))
+    sim = sim_runner.app[SIMULATOR]
+    proxy_runner = None
+    try:
+        holder = ConfigHolder(load_settings(upstream_url=sim_url), upstream_url=sim_url)
+        proxy_runner, port = await server.start(holder, "127.0.0.1", 0)
+        direct = await replay(sim_url, trace, model, "direct", max_turns)
+        sim.reset()  # the proxied run starts with a cold prompt cache too
+        session = f"http://127.0.0.1:{port}/s/demo-{int(time.time())}/v1"
+        proxied = await replay(session, trace, model, "via proxy", max_turns)
+    finally:
+        if proxy_runner is not None:
+            await proxy_runner.cleanup()
+        await sim_runner.cleanup()
+    return render(trace, model, info, [direct, proxied])
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="context-proxy demo",
+        description="Replay a real agent trace against a local 32k-window upstream, direct and through the "
+        "proxy, and compare turns that fail and tokens billed. No API key, no network.",
+    )
+    parser.add_argument(
+        "--trace", default=DEFAULT_TRACE, help=f"packaged trace or trace file (default {DEFAULT_TRACE})"
+    )
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"model from config/proxy.toml (default {DEFAULT_MODEL})"
+    )
+    parser.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
+    parser.add_argument("--list", action="store_true", help="list the packaged traces and exit")
+    ns = parser.parse_args(args)
+    if ns.list:
+        print("\n".join(list_traces()))
+        return 0
+    try:
+        load_trace(ns.trace)
+    except ValueError as exc:
+        parser.error(str(exc))
+    started = time.monotonic()
+    print(asyncio.run(run_demo(ns.trace, ns.model, ns.turns)))
+    print(f"\n(finished in {time.monotonic() - started:.1f} s)")
+    return 0
