@@ -12,6 +12,9 @@ from proxy.context.tokens import REPLY_PRIMING, canonical_bytes, framing, messag
 from proxy.encodings import get_encoding
 
 # Model name prefixes whose tokenizer is known; anything else takes the configured default.
+# Texts at least this long are cached by digest; shorter ones are cheaper to encode again.
+_CACHE_TEXT_FROM = 256
+
 _CL100K_PREFIXES = ("gpt-4-", "gpt-4", "gpt-3.5", "text-embedding-3", "text-embedding-ada")
 _O200K_PREFIXES = ("gpt-4o", "chatgpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "ft:gpt-4o")
 
@@ -43,7 +46,22 @@ class TokenCounter:
         return self.encoding.name
 
     def count_text(self, text: str) -> int:
-        return len(self.encoding.encode_ordinary(text))
+        """Tokens of `text`; long texts are cached by digest, since encoding costs far more than hashing."""
+        if len(text) < _CACHE_TEXT_FROM:
+            return len(self.encoding.encode_ordinary(text))
+        key = b"t" + hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        count = len(self.encoding.encode_ordinary(text))
+        self._remember(key, count)
+        return count
+
+    def _remember(self, key: bytes, count: int) -> None:
+        self._cache[key] = count
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
 
     def count_message(self, message: dict[str, Any], digest: bytes | None = None) -> int:
         key = digest if digest is not None else hashlib.blake2b(canonical_bytes(message), digest_size=16).digest()
@@ -52,9 +70,7 @@ class TokenCounter:
             self._cache.move_to_end(key)
             return cached
         count = self.count_text(message_text(message)) + framing(message)
-        self._cache[key] = count
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        self._remember(key, count)
         return count
 
     def count_messages(self, messages: list[dict[str, Any]]) -> int:
