@@ -144,6 +144,7 @@ class Simulator:
 
 
 SIMULATOR = web.AppKey("simulator", Simulator)
+_BODY = web.RequestKey("sim_body", object)  # the request's parsed JSON, or None
 
 
 MID_STREAM_FAULTS = frozenset({"reset-mid-stream", "silence-mid-stream", "malformed-sse"})
@@ -181,7 +182,7 @@ async def _record_and_fault(request: web.Request, handler: Any) -> web.StreamRes
         body = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError:
         body = None
-    request["sim_body"] = body
+    request[_BODY] = body
     sim.requests.append(RecordedRequest(request.method, request.path_qs, CIMultiDict(request.headers), raw, body))
     fault = request.headers.get("X-Sim-Fault", "")
     if fault and fault not in FAULTS:
@@ -313,11 +314,11 @@ def _split(text: str, n: int) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def _chunk_events(base: dict, content: str | None, calls: list[dict], chunks: int) -> list[dict]:
-    """The chunks of one streamed answer, as the real API sends them (without usage)."""
+def _chunk_choices(content: str | None, calls: list[dict], chunks: int) -> list[list[dict]]:
+    """The `choices` of each chunk of one streamed answer, as the real API sends them."""
 
-    def event(delta: dict, finish: str | None = None) -> dict:
-        return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    def event(delta: dict, finish: str | None = None) -> list[dict]:
+        return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
 
     if not calls:
         events = [event({"role": "assistant", "content": "", "refusal": None})]
@@ -341,7 +342,7 @@ def _int_header(request: web.Request, name: str, default: float) -> float:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     sim = request.app[SIMULATOR]
-    body = request["sim_body"]
+    body = request[_BODY]
     sim.totals.requests += 1
     error = _request_error(body)
     if error is not None:
@@ -371,12 +372,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     sim.totals.completion_tokens += completion
     base = {"id": f"chatcmpl-sim{sim.next_id():08d}", "created": int(time.time()), "model": model}
     if body.get("stream"):
-        return await _stream(request, base, _chunk_events(base, content, calls, _chunks(request, sim)), usage)
+        return await _stream(request, base, _chunk_choices(content, calls, _chunks(request, sim)), usage)
     message = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
     if calls:
         message["tool_calls"] = calls
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls" if calls else "stop"}
-    payload = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+    payload = {"id": base["id"], "object": "chat.completion", "created": base["created"], "model": base["model"]}
+    payload.update(choices=[choice], usage=usage)
     return await send_json(request, {**payload, "service_tier": "default", "system_fingerprint": FINGERPRINT})
 
 
@@ -384,13 +386,14 @@ def _chunks(request: web.Request, sim: Simulator) -> int:
     return max(1, int(_int_header(request, "X-Sim-Chunks", sim.config.chunks)))
 
 
-async def _stream(request: web.Request, base: dict, events: list[dict], usage: dict) -> web.StreamResponse:
+async def _stream(request: web.Request, base: dict, choices: list[list[dict]], usage: dict) -> web.StreamResponse:
     """SSE as the real API sends it, paced by the chunk delay, with the mid-stream faults."""
     sim, fault = request.app[SIMULATOR], request.headers.get("X-Sim-Fault", "")
     delay = _int_header(request, "X-Sim-Delay-Ms", sim.config.chunk_delay_s * 1000) / 1000
-    head = {"object": "chat.completion.chunk", **base, "system_fingerprint": FINGERPRINT}
-    lines = [b"data: " + orjson.dumps({**head, "choices": e["choices"]}) for e in events]
-    if (request["sim_body"].get("stream_options") or {}).get("include_usage"):
+    head = {"id": base["id"], "object": "chat.completion.chunk", "created": base["created"], "model": base["model"]}
+    head["system_fingerprint"] = FINGERPRINT
+    lines = [b"data: " + orjson.dumps({**head, "choices": c}) for c in choices]
+    if (request[_BODY].get("stream_options") or {}).get("include_usage"):
         lines.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}))
     lines.append(b"data: [DONE]")
     response = web.StreamResponse(headers=response_headers(sim))
@@ -450,7 +453,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
     """Deterministic unit vectors from a hash of each input, as floats or base64 like the real API."""
-    body, sim = request["sim_body"], request.app[SIMULATOR]
+    body, sim = request[_BODY], request.app[SIMULATOR]
     if not isinstance(body, dict) or "input" not in body:
         return openai_error(400, "'input' is a required property", "invalid_request_error")
     items = body["input"] if isinstance(body["input"], list) and body["input"] else [body["input"]]
