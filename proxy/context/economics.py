@@ -1,0 +1,95 @@
+"""When an edit pays, under a prefix-cache price model (SPEC §3, "When an epoch pays").
+
+Upstreams bill the longest prompt prefix they have seen before at `d` times the input
+price (d = cached price / input price; 1.0 = no caching). Editing a message at token
+position p re-bills everything after it at full price once, and makes every later
+request F tokens shorter. The same model, run over whole traces, is how the policy's
+defaults were measured (`bill`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import orjson
+
+# Turns still to come, as a share of the turns so far (a prototype measured 0.25/0.5/1: 0.5 was best).
+TURNS_TO_COME = 0.5
+
+# One block of a request as the cache sees it: its exact bytes and its tokens.
+Block = tuple[bytes, int]
+
+
+@dataclass(frozen=True)
+class Bill:
+    """Input tokens of a run of requests, split into those billed in full and those read from the cache."""
+
+    uncached: int = 0
+    cached: int = 0
+    discount: float = 1.0
+
+    @property
+    def billed(self) -> float:
+        """Input tokens at the full price that would cost the same: uncached + d × cached."""
+        return self.uncached + self.discount * self.cached
+
+    @property
+    def total(self) -> int:
+        return self.uncached + self.cached
+
+
+def expected_turns_to_come(turns_so_far: int) -> float:
+    return TURNS_TO_COME * max(0, turns_so_far)
+
+
+def epoch_cost(discount: float, tokens_after: int, first_changed: int, freed: int) -> float:
+    """Extra billed tokens this turn: the rewritten tail at full price, less the freed tokens' cached price."""
+    return (1.0 - discount) * max(0, tokens_after - first_changed) - discount * freed
+
+
+def epoch_saving(discount: float, freed: int, turns_to_come: float) -> float:
+    """Billed tokens saved on the turns to come, each reading `freed` fewer tokens from the cache."""
+    return discount * freed * turns_to_come
+
+
+def epoch_pays(*, discount: float, tokens_after: int, first_changed: int, freed: int, turns_so_far: int) -> bool:
+    """Whether an edit freeing `freed` tokens from token position `first_changed` on is worth its cache miss.
+
+    With d = 1 (no caching) any edit that frees tokens pays at once.
+    """
+    if freed <= 0:
+        return False
+    cost = epoch_cost(discount, tokens_after, first_changed, freed)
+    return epoch_saving(discount, freed, expected_turns_to_come(turns_so_far)) > cost
+
+
+def cached_prefix(previous: Sequence[Block], current: Sequence[Block]) -> int:
+    """Tokens of the longest run of leading blocks `current` shares, byte for byte, with `previous`."""
+    tokens = 0
+    for before, now in zip(previous, current, strict=False):
+        if before[0] != now[0]:
+            break
+        tokens += now[1]
+    return tokens
+
+
+def bill(requests: Iterable[Sequence[Block]], discount: float) -> Bill:
+    """The input bill of a session's requests in order, each cached against the one before it."""
+    uncached = cached = 0
+    previous: Sequence[Block] = ()
+    for request in requests:
+        hit = cached_prefix(previous, request)
+        cached += hit
+        uncached += sum(tokens for _, tokens in request) - hit
+        previous = request
+    return Bill(uncached, cached, discount)
+
+
+def request_blocks(
+    messages: Sequence[dict], count: Sequence[int], tools: object = None, tools_tokens: int = 0
+) -> list[Block]:
+    """A request as cache blocks: the tools schema first (it precedes the messages in the prompt), then each message."""
+    blocks: list[Block] = [(orjson.dumps(tools), tools_tokens)] if tools else []
+    blocks.extend((orjson.dumps(m), n) for m, n in zip(messages, count, strict=True))
+    return blocks

@@ -1,0 +1,217 @@
+"""A session's journal: what the proxy decided for every message it has forwarded.
+
+Per client message it keeps the digest, the token count, and the decision (kept,
+cleared, cut, deduplicated, dropped), never the body: replacements are recomputed
+from the client's own message, so memory grows with the number of messages, not
+their bytes. Replaying the decisions makes the upstream see last turn's bytes again.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from proxy.context.diff import ContextBlock, ContextDiff
+
+KEEP, CLEARED, CUT, DEDUPED, DROPPED = "keep", "cleared", "cut", "deduped", "dropped"
+DIGEST_SIZE = 16
+MAX_REPORTS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the proxy emits for one client message."""
+
+    kind: str = KEEP
+    max_tokens: int = 0  # cut: the text's allowance, head + marker + tail
+    reference: str = ""  # deduped: the line sent instead of the body
+    target: int = -1  # deduped: the client index of the identical output it points to
+
+    def to_json(self) -> Any:
+        if self.kind in (KEEP, CLEARED, DROPPED):
+            return self.kind
+        return [self.kind, self.max_tokens, self.reference, self.target]
+
+    @classmethod
+    def from_json(cls, value: Any) -> Decision:
+        if isinstance(value, str):
+            return _SIMPLE[value]
+        kind, max_tokens, reference, target = value
+        return cls(str(kind), int(max_tokens), str(reference), int(target))
+
+
+KEPT = Decision()
+_SIMPLE = {KEEP: KEPT, CLEARED: Decision(CLEARED), DROPPED: Decision(DROPPED)}
+
+
+@dataclass(frozen=True)
+class Injection:
+    """A system message of capsules the proxy placed before client message `anchor`."""
+
+    anchor: int
+    capsules: tuple[str, ...]  # "id#texthash" of each capsule it carries
+    text: str
+
+    def message(self) -> dict[str, Any]:
+        return {"role": "system", "content": self.text}
+
+
+@dataclass
+class TurnReport:
+    """What one turn did, for the response headers and `GET /sessions/{id}`."""
+
+    turn: int
+    tokens_before: int
+    tokens_after: int
+    epoch: bool = False
+    reasons: tuple[str, ...] = ()
+    cleared: int = 0
+    removed: int = 0
+    cut: int = 0
+    deduped: int = 0
+    diff: ContextDiff = field(default_factory=ContextDiff)
+    first_changed: int | None = None  # output index of the first message an epoch changed
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-Context-Tokens-Before": str(self.tokens_before),
+            "X-Context-Tokens-After": str(self.tokens_after),
+            "X-Context-Diff": self.diff.summary(),
+            "X-Context-Epoch": "1" if self.epoch else "0",
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: getattr(self, k) for k in _REPORT_FIELDS}
+        data["reasons"] = list(self.reasons)
+        data["diff"] = self.diff.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TurnReport:
+        fields_ = {k: data[k] for k in _REPORT_FIELDS if k in data}
+        fields_["reasons"] = tuple(data.get("reasons", ()))
+        return cls(**fields_, diff=ContextDiff.from_dict(data.get("diff", {})))
+
+
+_REPORT_FIELDS = (
+    "turn",
+    "tokens_before",
+    "tokens_after",
+    "epoch",
+    "reasons",
+    "cleared",
+    "removed",
+    "cut",
+    "deduped",
+    "first_changed",
+)
+
+
+@dataclass
+class Journal:
+    """Parallel per-message lists (digest, tokens, tokens sent, tool output?, decision) plus injections."""
+
+    digests: list[bytes] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # the client's message
+    sent: list[int] = field(default_factory=list)  # what the proxy emits for it (0 when dropped)
+    outputs: list[bool] = field(default_factory=list)  # a tool output (or an observation)
+    decisions: list[Decision] = field(default_factory=list)
+    bodies: dict[bytes, int] = field(default_factory=dict)  # output body digest -> index of a kept output
+    injections: list[Injection] = field(default_factory=list)
+    snapshot: list[ContextBlock] = field(default_factory=list)  # the capsules selected last turn
+    turn: int = 0
+    epochs: int = 0
+    reports: list[TurnReport] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.digests)
+
+    def copy(self) -> Journal:
+        """An independent journal: `process` edits a copy and never the caller's."""
+        return replace(
+            self,
+            digests=list(self.digests),
+            tokens=list(self.tokens),
+            sent=list(self.sent),
+            outputs=list(self.outputs),
+            decisions=list(self.decisions),
+            bodies=dict(self.bodies),
+            injections=list(self.injections),
+            snapshot=list(self.snapshot),
+            reports=list(self.reports),
+        )
+
+    def align(self, digests: Sequence[bytes]) -> int:
+        """Keep the longest prefix matching `digests`, forget the rest; return its length."""
+        n = 0
+        for mine, theirs in zip(self.digests, digests, strict=False):
+            if mine != theirs:
+                break
+            n += 1
+        if n < len(self.digests):
+            self.cut(n)
+        return n
+
+    def cut(self, n: int) -> None:
+        """Forget messages from index `n` on, the injections anchored there and what they carried."""
+        for name in ("digests", "tokens", "sent", "outputs", "decisions"):
+            del getattr(self, name)[n:]
+        self.bodies = {body: i for body, i in self.bodies.items() if i < n}
+        self.injections = [j for j in self.injections if j.anchor < n]
+        present = {key.split("#", 1)[0] for j in self.injections for key in j.capsules}
+        self.snapshot = [b for b in self.snapshot if b.anchor in present]
+
+    def append(self, digest: bytes, tokens: int, sent: int, output: bool, decision: Decision = KEPT) -> None:
+        self.digests.append(digest)
+        self.tokens.append(tokens)
+        self.sent.append(sent)
+        self.outputs.append(output)
+        self.decisions.append(decision)
+
+    def decide(self, index: int, decision: Decision, sent: int) -> None:
+        self.decisions[index] = decision
+        self.sent[index] = sent
+
+    def record(self, report: TurnReport) -> None:
+        self.turn = report.turn
+        self.epochs += int(report.epoch)
+        self.reports = [*self.reports, report][-MAX_REPORTS:]
+
+    def injected(self) -> set[str]:
+        """Keys of the capsules already in the conversation."""
+        return {key for j in self.injections for key in j.capsules}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe, for the session store."""
+        return {
+            "digests": base64.b64encode(b"".join(self.digests)).decode(),
+            "tokens": list(self.tokens),
+            "sent": list(self.sent),
+            "outputs": "".join("1" if o else "0" for o in self.outputs),
+            "decisions": [d.to_json() for d in self.decisions],
+            "bodies": [[body.hex(), i] for body, i in self.bodies.items()],
+            "injections": [[j.anchor, list(j.capsules), j.text] for j in self.injections],
+            "snapshot": [b.to_dict() for b in self.snapshot],
+            "turn": self.turn,
+            "epochs": self.epochs,
+            "reports": [r.to_dict() for r in self.reports],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Journal:
+        raw = base64.b64decode(data.get("digests", ""))
+        return cls(
+            digests=[raw[i : i + DIGEST_SIZE] for i in range(0, len(raw), DIGEST_SIZE)],
+            tokens=[int(t) for t in data.get("tokens", [])],
+            sent=[int(t) for t in data.get("sent", [])],
+            outputs=[c == "1" for c in data.get("outputs", "")],
+            decisions=[Decision.from_json(d) for d in data.get("decisions", [])],
+            bodies={bytes.fromhex(body): int(i) for body, i in data.get("bodies", [])},
+            injections=[Injection(int(a), tuple(keys), str(text)) for a, keys, text in data.get("injections", [])],
+            snapshot=[ContextBlock.from_dict(b) for b in data.get("snapshot", [])],
+            turn=int(data.get("turn", 0)),
+            epochs=int(data.get("epochs", 0)),
+            reports=[TurnReport.from_dict(r) for r in data.get("reports", [])],
+        )

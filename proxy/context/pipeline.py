@@ -1,0 +1,475 @@
+"""One request through the engine: align → replay → (maybe) edit epoch → inject → check.
+
+Pure: takes the session's journal and the client's messages, returns the messages to
+send, the next journal and a report. Between epochs the output extends last turn's
+output byte for byte, so the upstream's prompt cache keeps hitting; edits come in
+rare batches, only when the window demands them or the cache economics say they pay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.context.capsules import Capsule, ContextRequest, select_capsules
+from proxy.context.clearing import PLACEHOLDER, ClearPlan, ClearToolOutputs
+from proxy.context.dedup import MIN_TOKENS, body_digest, duplicates, reference, with_reference
+from proxy.context.diff import ContextBlock, ContextDiff, build_context_diff
+from proxy.context.economics import epoch_pays
+from proxy.context.fitting import cut_oversized, fit_messages, omission_note, oversized_limit
+from proxy.context.journal import CLEARED, CUT, DEDUPED, DROPPED, KEEP, KEPT, Decision, Injection, Journal, TurnReport
+from proxy.context.messages import Message, compile_patterns, content_text, is_tool_output, message_digest
+from proxy.context.policy import ModelInfo, Policy
+from proxy.context.tokens import REPLY_PRIMING, Counter, canonical_bytes
+
+__all__ = ["Outcome", "TurnReport", "process"]
+
+_CLEARED = Decision(CLEARED)
+_DROPPED = Decision(DROPPED)
+CAPSULE_HEADER = "Context for this conversation:"
+
+
+@dataclass
+class Outcome:
+    """What to send upstream, the session's next journal, the report; `rejected` = a local 400's message."""
+
+    messages: list[dict]
+    journal: Journal
+    report: TurnReport
+    rejected: str | None = None
+
+
+class _TextCache:
+    """A counter whose text counts are cached by digest: plans and capsule scoring re-count the same texts."""
+
+    def __init__(self, counter: Counter, size: int = 50_000) -> None:
+        self.counter = counter
+        self.size = size
+        self.texts: OrderedDict[bytes, int] = OrderedDict()
+
+    def count_text(self, text: str) -> int:
+        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        n = self.texts.get(key)
+        if n is None:
+            n = self.texts[key] = self.counter.count_text(text)
+            if len(self.texts) > self.size:
+                self.texts.popitem(last=False)
+        return n
+
+    def count_message(self, message: dict[str, Any]) -> int:
+        return self.counter.count_message(message)
+
+
+_text_caches: dict[int, _TextCache] = {}
+_cuts: OrderedDict[tuple[bytes, int], Any] = OrderedDict()  # (digest, max_tokens) -> cut content
+
+
+def _cached(counter: Counter) -> _TextCache:
+    cache = _text_caches.get(id(counter))
+    if cache is None or cache.counter is not counter:
+        cache = _text_caches[id(counter)] = _TextCache(counter)
+    return cache
+
+
+@dataclass
+class _Turn:
+    """One request's inputs and the journal being edited."""
+
+    messages: list[Message]
+    state: Journal
+    policy: Policy
+    model: ModelInfo
+    counter: _TextCache
+    usable: int
+    fixed: int  # the tools schema and the reply priming
+    correction: float
+    observations: tuple[re.Pattern[str], ...] = ()
+    first_new: int = 0  # messages before this index were in last turn's request
+    where: list[int] = field(default_factory=list)  # output index per client message, -1 when dropped
+
+    def total(self, counts: Sequence[int]) -> int:
+        return math.ceil((sum(counts) + self.fixed) * self.correction)
+
+    def emitted(self, i: int) -> Message | None:
+        """What the journal's decision sends for client message `i` (None when dropped)."""
+        message, decision = self.messages[i], self.state.decisions[i]
+        kind = decision.kind
+        if kind == KEEP:
+            return message
+        if kind == CLEARED:
+            return {**message, "content": PLACEHOLDER}
+        if kind == DEDUPED:
+            return with_reference(message, decision.reference)
+        if kind == CUT:
+            return _cut(message, self.state.digests[i], decision.max_tokens, self.counter)
+        return None
+
+    def render(self) -> tuple[list[Message], list[int]]:
+        """The output messages and their counts: decisions replayed, injections and omission notes in place."""
+        out: list[Message] = []
+        counts: list[int] = []
+        anchored: dict[int, list[Injection]] = {}
+        for injection in self.state.injections:
+            anchored.setdefault(injection.anchor, []).append(injection)
+        self.where = []
+        note_at, run = -1, 0
+        for i in range(len(self.messages)):
+            for injection in anchored.get(i, ()):
+                out.append(injection.message())
+                counts.append(self.counter.count_message(out[-1]))
+            emitted = self.emitted(i)
+            if emitted is None:
+                if run == 0:
+                    note_at = len(out)
+                    out.append({})
+                    counts.append(0)
+                run += 1
+                self.where.append(-1)
+                continue
+            if run:
+                out[note_at] = omission_note(run)
+                counts[note_at] = self.counter.count_message(out[note_at])
+                run = 0
+            self.where.append(len(out))
+            out.append(emitted)
+            counts.append(self.state.sent[i])
+        return out, counts
+
+    def decide(self, i: int, decision: Decision) -> None:
+        """Record a new decision for message `i`, with the tokens it now sends."""
+        self.state.decisions[i] = decision
+        emitted = self.emitted(i)
+        self.state.sent[i] = 0 if emitted is None else self.counter.count_message(emitted)
+
+
+def _cut(message: Message, digest: bytes, max_tokens: int, counter: Counter) -> Message:
+    """The head+tail cut of a message, cached: re-cutting would re-tokenize a huge text every turn."""
+    key = (digest, max_tokens)
+    if key not in _cuts:
+        cut = cut_oversized(message, counter, max_tokens)
+        _cuts[key] = message.get("content") if cut is None else cut["content"]
+        if len(_cuts) > 1024:
+            _cuts.popitem(last=False)
+    return {**message, "content": _cuts[key]}
+
+
+def process(
+    journal: Journal,
+    messages: list[dict],
+    *,
+    tools: list | None,
+    policy: Policy,
+    model: ModelInfo,
+    counter: Counter,
+    capsules: Sequence[Capsule] = (),
+    max_output_tokens: int | None = None,
+    correction: float = 1.0,
+) -> Outcome:
+    """The messages to forward for this turn; does not mutate `journal`."""
+    state = journal.copy()
+    cached = _cached(counter)
+    reserve = max_output_tokens or policy.reserve_output_tokens
+    tools_tokens = cached.count_text(_tools_text(tools)) if tools else 0
+    turn = _Turn(
+        messages=messages,
+        state=state,
+        policy=policy,
+        model=model,
+        counter=cached,
+        usable=max(0, model.context_window - reserve),
+        fixed=tools_tokens + REPLY_PRIMING,
+        correction=correction,
+        observations=compile_patterns(policy.clear_tool_outputs.observation_patterns),
+    )
+    digests = [message_digest(m) for m in messages]
+    turn.first_new = state.align(digests)
+    deduped = _record(turn, turn.first_new, digests)
+    out, counts = turn.render()
+    report = TurnReport(turn=state.turn + 1, tokens_before=turn.total(state.tokens), tokens_after=0, deduped=deduped)
+    reasons, plan = _triggers(turn, out, counts)
+    if reasons:
+        _epoch(turn, reasons, plan, report)
+        new_out, counts = turn.render()
+        report.first_changed = _first_difference(out, new_out)
+        out = new_out
+    report.diff = _inject(turn, capsules)
+    if report.diff.added:
+        out, counts = turn.render()
+    report.tokens_after = turn.total(counts)
+    rejected = _check(turn, report.tokens_after, reserve)
+    if rejected is not None:
+        return Outcome(out, journal, report, rejected)
+    state.record(report)
+    return Outcome(out, state, report, None)
+
+
+def _tools_text(tools: Any) -> str:
+    return canonical_bytes(tools).decode()
+
+
+def _record(turn: _Turn, aligned: int, digests: Sequence[bytes]) -> int:
+    """Journal the messages new this turn; a new non-last duplicate output is deduplicated at once."""
+    state, messages = turn.state, turn.messages
+    last = len(messages) - 1
+    deduped = 0
+    for i in range(aligned, len(messages)):
+        message = messages[i]
+        tokens = turn.counter.count_message(message)
+        output = is_tool_output(message, turn.observations)
+        state.append(digests[i], tokens, tokens, output)
+        body = body_digest(message) if output and turn.policy.dedup else None
+        if body is None:
+            continue
+        target = state.bodies.get(body)
+        if target is None or state.decisions[target] is not KEPT:
+            state.bodies[body] = i
+        elif i != last and tokens >= MIN_TOKENS:
+            turn.decide(i, Decision(DEDUPED, reference=reference(messages[target]), target=target))
+            deduped += 1
+    return deduped
+
+
+def _triggers(turn: _Turn, out: list[Message], counts: list[int]) -> tuple[list[str], ClearPlan | None]:
+    """Why this turn needs an edit epoch ([] when it does not), and the clearing plan if one was made."""
+    policy = turn.policy
+    total = turn.total(counts)
+    reasons = []
+    if total > policy.high_water * turn.usable:
+        reasons.append("window")
+    if policy.soft_budget_tokens and total > policy.soft_budget_tokens:
+        reasons.append("soft_budget")
+    plan = _clearing(turn, out, counts, forced=bool(reasons)) if policy.clear_tool_outputs.enabled else None
+    if plan is not None and plan.ids and not reasons:
+        reasons.append("clearing")
+    return reasons, plan
+
+
+def _clearing(turn: _Turn, out: list[Message], counts: list[int], *, forced: bool) -> ClearPlan | None:
+    """The clearing plan when it frees `clear_at_least` and pays (or the window forces it); else None.
+
+    A bound from the journal alone rules most turns out before any plan is made.
+    """
+    clear = ClearToolOutputs.from_policy(turn.policy.clear_tool_outputs)
+    bound = _clearing_bound(turn, clear.keep_tokens)
+    if bound is None or bound[0] < max(1, clear.clear_at_least):
+        return None
+    positions = _positions(counts, turn.fixed - REPLY_PRIMING)
+    total = turn.total(counts)
+    turns = sum(1 for m in turn.messages if m.get("role") == "assistant")
+    d = turn.model.cache_discount
+
+    def pays(freed: int, first: int) -> bool:
+        return epoch_pays(discount=d, tokens_after=total - freed, first_changed=first, freed=freed, turns_so_far=turns)
+
+    freed, newest = bound
+    if not forced and not pays(freed, positions[turn.where[newest]]):
+        return None
+    visible = [out[j] for j in turn.where if j >= 0]
+    plan = clear.plan(visible, turn.counter)
+    if not plan.ids:
+        return None
+    first = min(plan.indices(visible))
+    if not forced and not pays(plan.tokens, positions[_visible_to_output(turn, first)]):
+        return None
+    return plan
+
+
+def _clearing_bound(turn: _Turn, keep_tokens: int) -> tuple[int, int] | None:
+    """An upper bound on what clearing frees, and the newest output it could clear, from the journal's counts."""
+    state = turn.state
+    kept, boundary = 0, -1
+    for i in range(len(state) - 1, -1, -1):
+        if state.outputs[i] and state.decisions[i].kind not in (CLEARED, DROPPED):
+            kept += state.sent[i]
+            if kept > keep_tokens:
+                boundary = i
+                break
+    if boundary < 0:
+        return None
+    last = len(state) - 1
+    freed = sum(
+        state.sent[i] for i in range(boundary + 1) if state.outputs[i] and state.decisions[i] is KEPT and i != last
+    )
+    return freed, boundary
+
+
+def _positions(counts: Sequence[int], offset: int) -> list[int]:
+    """The token position where each output message starts (the tools schema comes first)."""
+    positions, at = [], offset
+    for n in counts:
+        positions.append(at)
+        at += n
+    return positions
+
+
+def _visible_to_output(turn: _Turn, visible_index: int) -> int:
+    return [j for j in turn.where if j >= 0][visible_index]
+
+
+def _visible(turn: _Turn) -> list[int]:
+    return [i for i, j in enumerate(turn.where) if j >= 0]
+
+
+def _epoch(turn: _Turn, reasons: list[str], plan: ClearPlan | None, report: TurnReport) -> None:
+    """One batch of edits: clearing, dedup of older duplicates, then (window or budget) cuts and truncation."""
+    report.epoch, report.reasons = True, tuple(reasons)
+    out, _ = turn.render()
+    visible = _visible(turn)
+    if plan is not None:
+        planned = plan.indices([out[turn.where[i]] for i in visible])
+        for v in planned:
+            turn.decide(visible[v], _CLEARED)
+        report.cleared = len(planned)
+    if turn.policy.dedup:
+        report.deduped += _dedup_older(turn, visible)
+    _release_dangling(turn, visible)
+    if "window" in reasons or "soft_budget" in reasons:
+        report.cut = _cut_oversized(turn, visible)
+        report.removed = _truncate(turn)
+
+
+def _dedup_older(turn: _Turn, visible: list[int]) -> int:
+    state, last = turn.state, len(turn.messages) - 1
+    candidates = [i for i in visible if state.outputs[i] and state.decisions[i] is KEPT and i != last]
+    found = duplicates(turn.messages, candidates, state.tokens)
+    for i, target in found.items():
+        turn.decide(i, Decision(DEDUPED, reference=reference(turn.messages[target]), target=target))
+    return len(found)
+
+
+def _release_dangling(turn: _Turn, visible: list[int]) -> None:
+    """A reference whose original was cleared, cut or dropped gets its body back; the body map is rebuilt."""
+    state = turn.state
+    for i in visible:
+        decision = state.decisions[i]
+        if decision.kind == DEDUPED and state.decisions[decision.target] is not KEPT:
+            turn.decide(i, KEPT)
+    bodies = {body: i for body, i in state.bodies.items() if state.decisions[i] is KEPT}
+    for i in visible:
+        if state.outputs[i] and state.decisions[i] is KEPT and i not in bodies.values():
+            body = body_digest(turn.messages[i])
+            if body is not None:
+                bodies.setdefault(body, i)
+    state.bodies = bodies
+
+
+def _cut_oversized(turn: _Turn, visible: list[int]) -> int:
+    """Cut every kept message but the last that alone exceeds `max_message_share` of the window."""
+    limit = oversized_limit(turn.usable, turn.policy.max_message_share)
+    cut = 0
+    for i in visible[:-1]:
+        big = turn.state.decisions[i] is KEPT and turn.state.sent[i] > limit
+        if big and cut_oversized(turn.messages[i], turn.counter, limit) is not None:
+            turn.decide(i, Decision(CUT, max_tokens=limit))
+            cut += 1
+    return cut
+
+
+def _truncate(turn: _Turn) -> int:
+    """Remove whole units down to the low-water mark (or under the soft budget); returns messages removed."""
+    policy = turn.policy
+    out, counts = turn.render()
+    target = policy.low_water * turn.usable
+    if policy.soft_budget_tokens:
+        target = min(target, policy.soft_budget_tokens * policy.low_water / policy.high_water)
+    if turn.total(counts) <= target:
+        return 0
+    visible = _visible(turn)
+    rows = [turn.where[i] for i in visible]
+    fixed = turn.fixed + sum(counts) - sum(counts[j] for j in rows)
+    fit = fit_messages(
+        [out[j] for j in rows],
+        [counts[j] for j in rows],
+        budget=int(turn.usable / turn.correction),
+        target=int(target / turn.correction),
+        strategy=policy.truncation,
+        pin_first_user=policy.pin_first_user,
+        fixed_tokens=fixed,
+        counter=turn.counter,
+    )
+    for i, keep in zip(visible, fit.keep, strict=True):
+        if not keep:
+            turn.decide(i, _DROPPED)
+    return fit.removed
+
+
+def _first_difference(before: list[Message], after: list[Message]) -> int | None:
+    for k, (old, new) in enumerate(zip(before, after, strict=False)):
+        if old is not new and old != new:
+            return k
+    return None if len(before) == len(after) else min(len(before), len(after))
+
+
+def _inject(turn: _Turn, capsules: Sequence[Capsule]) -> ContextDiff:
+    """Select this turn's capsules; inject only those new to the conversation, in one system message."""
+    state = turn.state
+    if not capsules and not state.snapshot:
+        return ContextDiff()
+    chosen = _select(turn, capsules)
+    now = [ContextBlock(c.id, _text_key(c.text), c.kind, turn.counter.count_text(c.text)) for c in chosen]
+    diff = build_context_diff(state.snapshot, now)
+    present = state.injected()
+    added = {b.anchor for b in diff.added}
+    fresh = [c for c in chosen if c.id in added and _key(c) not in present]
+    anchor = _anchor(turn.messages, turn.first_new)
+    if fresh and anchor is None:
+        deferred = {c.id for c in fresh}
+        state.snapshot = [b for b in now if b.anchor not in deferred]
+        return diff
+    if fresh:
+        text = "\n\n".join([CAPSULE_HEADER, *(f"[{c.kind}: {c.id}]\n{c.text}" for c in fresh)])
+        state.injections.append(Injection(anchor, tuple(_key(c) for c in fresh), text))
+    state.snapshot = now
+    return diff
+
+
+def _select(turn: _Turn, capsules: Sequence[Capsule]) -> list[Capsule]:
+    wanted = turn.policy.capsules
+    query = next((content_text(m) or "" for m in reversed(turn.messages) if m.get("role") == "user"), "")
+    request = ContextRequest(
+        query=query,
+        budget_tokens=wanted.budget_tokens,
+        tags=list(wanted.tags),
+        min_score=wanted.min_score,
+        max_capsules=wanted.max_capsules,
+        prefer_roles=list(wanted.prefer_roles),
+        kinds=list(wanted.kinds),
+    )
+    return select_capsules(request, capsules, turn.counter).capsules
+
+
+def _text_key(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _key(capsule: Capsule) -> str:
+    return f"{capsule.id}#{_text_key(capsule.text)}"
+
+
+def _anchor(messages: Sequence[Message], first_new: int) -> int | None:
+    """Where new capsules go: before the last user message if it is new, else before the first new unit.
+
+    Never inside the prefix last turn sent (that would re-bill it) nor between a call and its results.
+    """
+    for i in range(len(messages) - 1, first_new - 1, -1):
+        if messages[i].get("role") == "user":
+            return i
+    if first_new < len(messages) and messages[first_new].get("role") != "tool":
+        return first_new
+    return None
+
+
+def _check(turn: _Turn, tokens: int, reserve: int) -> str | None:
+    """OpenAI's context_length_exceeded message when the request cannot fit; None when it can."""
+    if tokens <= turn.usable:
+        return None
+    return (
+        f"This model's maximum context length is {turn.model.context_window} tokens. However, you requested "
+        f"{tokens + reserve} tokens ({tokens} in the messages, {reserve} in the completion). "
+        "Please reduce the length of the messages or completion."
+    )

@@ -1,0 +1,130 @@
+"""Replay the packaged agent traces direct and through `process`, and bill both with the cache model.
+
+Used by the tests and, as `python -m tests.context.replay`, to print the figures the
+policy's defaults were chosen from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from proxy.context.economics import Bill, bill, request_blocks
+from proxy.context.journal import Journal
+from proxy.context.messages import check_pairing
+from proxy.context.pipeline import Outcome, process
+from proxy.context.policy import ClearPolicy, ModelInfo, Policy
+from proxy.context.tokens import REPLY_PRIMING, Counter
+
+TRACES = Path(__file__).resolve().parents[2] / "proxy" / "data" / "traces"
+TRACE_NAMES = ("sweagent_marshmallow-1867.json", "mini_django-11138.tools.json", "sweagent_text_pydicom-1458.json")
+# SWE-agent's text mode ends every observation with its prompt line: what marks a user message as tool output.
+TEXT_OBSERVATION = r"\(Current directory: [^)]*\)\s*bash-\$\s*$"
+
+
+def load(name: str) -> dict:
+    return json.loads((TRACES / name).read_text())
+
+
+def turns(trace: dict) -> Iterator[list[dict]]:
+    """The agent's k-th request: the messages before its k-th assistant message."""
+    messages = trace["messages"]
+    for i, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            yield messages[:i]
+
+
+def model(window: int, discount: float) -> ModelInfo:
+    return ModelInfo(context_window=window, input_per_mtok=1.0, cached_input_per_mtok=discount)
+
+
+def policy_for(trace: dict, **overrides: object) -> Policy:
+    """The default policy, plus the observation pattern for text-mode traces."""
+    base = Policy(**overrides)  # type: ignore[arg-type]
+    if trace["messages"] and not any(m.get("role") == "tool" for m in trace["messages"]):
+        clear = replace(base.clear_tool_outputs, observation_patterns=(TEXT_OBSERVATION,))
+        base = replace(base, clear_tool_outputs=clear)
+    return base
+
+
+@dataclass
+class Run:
+    """A trace through the proxy: every outcome, and the bill of what went upstream."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    requests: list[list[dict]] = field(default_factory=list)
+    proxied: Bill = field(default_factory=Bill)
+    direct: Bill = field(default_factory=Bill)
+    direct_failures: int = 0
+
+
+def _blocks(messages: list[dict], tools: list, counter: Counter) -> list:
+    counts = [counter.count_message(m) for m in messages]
+    return request_blocks(messages, counts, tools, counter.count_text(json.dumps(tools)) if tools else 0)
+
+
+def run(trace: dict, policy: Policy, info: ModelInfo, counter: Counter) -> Run:
+    """Replay every turn as the agent sent it; bill direct and proxied requests under `info`'s discount."""
+    tools = trace.get("tools") or None
+    result = Run()
+    journal = Journal()
+    direct = []
+    usable = info.context_window - policy.reserve_output_tokens
+    for request in turns(trace):
+        outcome = process(journal, request, tools=tools, policy=policy, model=info, counter=counter)
+        result.outcomes.append(outcome)
+        journal = outcome.journal
+        result.requests.append(outcome.messages)
+        blocks = _blocks(request, tools or [], counter)
+        direct.append(blocks)
+        if sum(n for _, n in blocks) + REPLY_PRIMING > usable:
+            result.direct_failures += 1
+    proxied = [_blocks(m, tools or [], counter) for m in result.requests]
+    result.proxied = bill(proxied, info.cache_discount)
+    result.direct = bill(direct, info.cache_discount)
+    return result
+
+
+def problems(run_: Run) -> list[str]:
+    """Pairing errors, rejections and altered last messages over a run."""
+    found = []
+    for k, (outcome, sent) in enumerate(zip(run_.outcomes, run_.requests, strict=True)):
+        if outcome.rejected:
+            found.append(f"turn {k}: rejected: {outcome.rejected}")
+        found += [f"turn {k}: {p}" for p in check_pairing(sent)]
+    return found
+
+
+def main() -> None:
+    from proxy.tokens import counter_for
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--keep-tokens", type=int, default=None)
+    parser.add_argument("--soft-budget", type=int, default=0)
+    args = parser.parse_args()
+    counter = counter_for("o200k_base")
+    clear = ClearPolicy() if args.keep_tokens is None else ClearPolicy(keep_tokens=args.keep_tokens)
+    print(f"{'trace':34} {'window':>6} {'d':>4} {'direct':>9} {'proxy':>9} {'ratio':>6} {'epochs':>6} fails")
+    for window in (128000, 32000):
+        for d in (1.0, 0.5, 0.1):
+            totals = [0.0, 0.0]
+            for name in TRACE_NAMES:
+                trace = load(name)
+                policy = policy_for(trace, soft_budget_tokens=args.soft_budget, clear_tool_outputs=clear)
+                r = run(trace, policy, model(window, d), counter)
+                epochs = sum(o.report.epoch for o in r.outcomes)
+                totals[0] += r.direct.billed
+                totals[1] += r.proxied.billed
+                ratio = r.proxied.billed / r.direct.billed
+                print(
+                    f"{name:34} {window:>6} {d:>4} {r.direct.billed:>9.0f} {r.proxied.billed:>9.0f} {ratio:>6.3f} "
+                    f"{epochs:>6} {r.direct_failures}/{len(r.outcomes)} {len(problems(r))}"
+                )
+            print(f"{'all':34} {window:>6} {d:>4} {totals[0]:>9.0f} {totals[1]:>9.0f} {totals[1] / totals[0]:>6.3f}")
+
+
+if __name__ == "__main__":
+    main()
