@@ -32,14 +32,22 @@ class ReplayResult:
     turns: int = 0
     failed: int = 0  # refused with context_length_exceeded
     first_failure: int | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
+    usage: list[tuple[int, int] | None] = field(default_factory=list)  # per turn: (prompt, cached); None = refused
     last_headers: dict[str, str] = field(default_factory=dict)
 
-    def billed_input(self, model: ModelInfo) -> float:
-        """USD for the prompt tokens: the uncached ones at the input price, the cached at the cached price."""
-        uncached = self.prompt_tokens - self.cached_tokens
-        return (uncached * model.input_per_mtok + self.cached_tokens * model.cached_input_per_mtok) / 1e6
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(u[0] for u in self.usage if u)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(u[1] for u in self.usage if u)
+
+    def billed_input(self, model: ModelInfo, turns: int | None = None) -> float:
+        """USD for the prompt tokens of the first `turns` turns: uncached at the input price, cached at the cached."""
+        used = [u for u in self.usage[:turns] if u]
+        prompt, cached = sum(u[0] for u in used), sum(u[1] for u in used)
+        return ((prompt - cached) * model.input_per_mtok + cached * model.cached_input_per_mtok) / 1e6
 
 
 async def replay(base_url: str, trace: Trace, model: str, label: str, max_turns: int | None = None) -> ReplayResult:
@@ -60,14 +68,20 @@ async def replay(base_url: str, trace: Trace, model: str, label: str, max_turns:
                     raise
                 result.failed += 1
                 result.first_failure = result.first_failure or turn
+                result.usage.append(None)
                 continue
-            result.last_headers = {k: v for k, v in raw.headers.items() if k.lower().startswith("x-context-")}
+            result.last_headers = {_title(k): v for k, v in raw.headers.items() if k.lower().startswith("x-context-")}
+            usage = (0, 0)
             async for chunk in raw.parse():
                 if chunk.usage is not None:
-                    result.prompt_tokens += chunk.usage.prompt_tokens
                     details = chunk.usage.prompt_tokens_details
-                    result.cached_tokens += (details.cached_tokens or 0) if details else 0
+                    usage = (chunk.usage.prompt_tokens, (details.cached_tokens or 0) if details else 0)
+            result.usage.append(usage)
     return result
+
+
+def _title(header: str) -> str:
+    return "-".join(part.capitalize() for part in header.split("-"))
 
 
 def _row(name: str, direct: Any, proxied: Any) -> str:
@@ -96,8 +110,11 @@ def render(trace: Trace, model: str, info: ModelInfo, results: list[ReplayResult
         ("cached tokens", [r.cached_tokens for r in results]),
         ("billed input", [f"${r.billed_input(info):.4f}" for r in results]),
     ]
+    both = min((r.first_failure or r.turns + 1) - 1 for r in results)
+    if both < max(r.turns for r in results):
+        rows.append((f"  on turns 1-{both}", [f"${r.billed_input(info, both):.4f}" for r in results]))
     lines += [_row(name, *values) for name, values in rows]
-    lines.append("  (a refused turn is not billed; a real agent would have stopped at its first one)")
+    lines.append("  (a refused turn is not billed; a real agent stops at its first one)")
     headers = results[-1].last_headers
     if headers:
         lines += ["", "last turn through the proxy:"] + [f"  {k}: {v}" for k, v in sorted(headers.items())]
@@ -106,7 +123,8 @@ def render(trace: Trace, model: str, info: ModelInfo, results: list[ReplayResult
 
 async def run_demo(trace_name: str, model: str, max_turns: int | None = None) -> str:
     """Start the simulator and the proxy, replay the trace direct and through the proxy; return the table."""
-    from proxy import server  # the shell; imported late so `--help` and `--list` work without it
+    from proxy import server  # imported late: `--help` and `--list` need neither the shell nor the engine
+    from proxy.chat import build_context_service
 
     trace = load_trace(trace_name)
     info = load_settings().model(model)
@@ -115,7 +133,7 @@ async def run_demo(trace_name: str, model: str, max_turns: int | None = None) ->
     proxy_runner = None
     try:
         holder = ConfigHolder(load_settings(upstream_url=sim_url), upstream_url=sim_url)
-        proxy_runner, port = await server.start(holder, "127.0.0.1", 0)
+        proxy_runner, port = await server.start(holder, "127.0.0.1", 0, context=build_context_service(holder))
         direct = await replay(sim_url, trace, model, "direct", max_turns)
         sim.reset()  # the proxied run starts with a cold prompt cache too
         session = f"http://127.0.0.1:{port}/s/demo-{int(time.time())}/v1"

@@ -62,7 +62,7 @@ def load_trace(name_or_path: str | Path) -> Trace:
     elif Path(name_or_path).is_file():
         data, name = Path(name_or_path).read_bytes(), Path(name_or_path).name
     else:
-        raise ValueError(f"no trace {str(name_or_path)!r}; packaged traces: {', '.join(list_traces())}")
+        raise ValueError(f"no single trace matches {str(name_or_path)!r}; packaged traces: {', '.join(list_traces())}")
     doc = orjson.loads(data)
     if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list):
         raise ValueError(f"{name}: a trace is an object with a `messages` list")
