@@ -1,0 +1,196 @@
+"""Streams an upstream response to the client: bytes as they arrive, never re-serialised.
+
+For chat completions it also reads `usage` on the way past (from the JSON body or the
+SSE usage chunk) and, when the engine asked upstream for that chunk, removes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Mapping
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.errors import error_response
+from proxy.metrics import METRICS
+from proxy.turns import PreparedTurn
+from proxy.upstream import end_to_end
+
+log = logging.getLogger("proxy.relay")
+
+STREAMS_IN_FLIGHT = METRICS.gauge("context_proxy_streams_in_flight", "Responses being relayed to clients right now")
+BROKEN_STREAMS = METRICS.counter(
+    "context_proxy_upstream_broken_total", "Upstream responses that failed after their headers", ["route"]
+)
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_MAX_JSON_CAPTURE = 8 * 1024 * 1024  # a non-streaming body kept aside for its usage, up to this size
+_OVERFLOW_PATTERNS = (
+    re.compile(r"resulted in (\d+) tokens"),
+    re.compile(r"\((\d+) in the messages"),
+    re.compile(r"requested (\d+) tokens"),
+)
+
+
+class SseUsageFilter:
+    """Splits an SSE byte stream into events to read `usage`, optionally dropping the usage-only event.
+
+    Without stripping, every chunk is forwarded as it came and events are only read; with
+    stripping, complete events are forwarded and only an incomplete trailing one is held.
+    """
+
+    def __init__(self, strip_usage_chunk: bool) -> None:
+        self.strip = strip_usage_chunk
+        self.usage: dict | None = None
+        self._pending = bytearray()
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._pending += chunk
+        out = bytearray()
+        start = 0
+        while match := _EVENT_END.search(self._pending, start):
+            event = bytes(self._pending[start : match.end()])
+            start = match.end()
+            if not self._read(event) or not self.strip:
+                out += event
+        del self._pending[:start]
+        return bytes(out) if self.strip else chunk
+
+    def finish(self) -> bytes:
+        """What is left at the end of the stream (an event without its blank line)."""
+        rest = bytes(self._pending)
+        self._pending.clear()
+        if rest and self._read(rest) and self.strip:
+            return b""
+        return rest if self.strip else b""
+
+    def _read(self, event: bytes) -> bool:
+        """Record the event's usage; True when it is a usage-only chunk (`choices == []`)."""
+        if b'"usage"' not in event:
+            return False
+        data = b"\n".join(line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:"))
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(payload, dict) or not isinstance(payload.get("usage"), dict):
+            return False
+        self.usage = payload["usage"]
+        return payload.get("choices") == []
+
+
+def overflow_tokens(error_body: bytes) -> int | None:
+    """The prompt size an upstream `context_length_exceeded` error reports, if it is one."""
+    try:
+        error = orjson.loads(error_body).get("error") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    message = error.get("message") if isinstance(error, dict) else None
+    if error.get("code") != "context_length_exceeded" or not isinstance(message, str):
+        return None
+    for pattern in _OVERFLOW_PATTERNS:
+        if match := pattern.search(message):
+            return int(match.group(1))
+    return None
+
+
+async def read_head(response: aiohttp.ClientResponse, cap: int) -> bytes:
+    """Up to `cap` bytes of the body (an error small enough to inspect before relaying)."""
+    body = bytearray()
+    while len(body) < cap and (chunk := await response.content.read(cap - len(body))):
+        body += chunk
+    return bytes(body)
+
+
+def response_headers(upstream: aiohttp.ClientResponse, extra: Mapping[str, str], *, body_changes: bool) -> dict:
+    """The upstream's end-to-end headers plus the turn's X-Context-* headers."""
+    drop = frozenset({"content-length"}) if body_changes else frozenset()
+    headers = end_to_end(upstream.headers, drop)
+    headers.update(extra)
+    return headers  # type: ignore[return-value]
+
+
+def _usage_from_json(body: bytes) -> dict | None:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _break_connection(request: web.Request) -> None:
+    """End the client's response without a clean end, so it cannot mistake it for complete."""
+    if request.transport is not None:
+        request.transport.close()
+
+
+async def relay(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    *,
+    turn: PreparedTurn | None = None,
+    route: str = "passthrough",
+    prefix: bytes = b"",
+) -> web.StreamResponse:
+    """Relay `upstream` to the client; `prefix` is body already read from it (an error being checked)."""
+    is_sse = upstream.content_type == "text/event-stream"
+    reads_usage = turn is not None and upstream.status < 400
+    sse = SseUsageFilter(turn.strip_usage_chunk) if reads_usage and is_sse else None
+    captured = bytearray() if reads_usage and not is_sse else None
+    extra = turn.headers if turn is not None else {}
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    response.headers.update(response_headers(upstream, extra, body_changes=sse is not None and sse.strip))
+    STREAMS_IN_FLIGHT.inc()
+    completed = False
+    try:
+        chunks = upstream.content.iter_any()
+        first = prefix or await anext(chunks, b"")
+        # Headers go out with the first body bytes: an upstream that breaks before them still gets a 502.
+        await response.prepare(request)
+        pending = first
+        while pending:
+            out = pending
+            if sse is not None:
+                out = sse.feed(pending)
+            elif captured is not None and len(captured) < _MAX_JSON_CAPTURE:
+                captured += pending
+            if out:
+                await response.write(out)
+            pending = await anext(chunks, b"")
+        if sse is not None and (rest := sse.finish()):
+            await response.write(rest)
+        completed = True
+    except ConnectionResetError:  # writing to a client that is gone (aiohttp's is also a ClientError)
+        log.info("client went away during a %s response", route)
+        return response
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        BROKEN_STREAMS.inc(route=route)
+        log.warning("upstream broke mid-response (%s); ending the client's stream", type(exc).__name__)
+        if not response.prepared:
+            return _error_before_headers(exc)
+        _break_connection(request)
+        return response
+    finally:
+        STREAMS_IN_FLIGHT.dec()
+        if completed:
+            upstream.release()
+        else:  # client gone, cancelled, or upstream broken: drop the upstream connection now
+            upstream.close()
+    usage = sse.usage if sse is not None else _usage_from_json(captured) if captured else None
+    if usage is not None and turn is not None:
+        try:
+            turn.record_usage(usage)
+        except Exception:  # the answer is already delivered; a bookkeeping bug must not turn it into a 500
+            log.exception("recording usage failed")
+    return response
+
+
+def _error_before_headers(exc: BaseException) -> web.Response:
+    if isinstance(exc, asyncio.TimeoutError):
+        return error_response(504, "The upstream stopped sending before its response began.", "upstream_timeout")
+    return error_response(502, "The upstream broke off before its response began.", "upstream_broken")

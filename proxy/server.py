@@ -1,0 +1,372 @@
+"""The aiohttp shell: routes, body limits, the chat path through the engine, everything else verbatim.
+
+Decisions about messages live in the engine behind `ContextService` (proxy/turns.py);
+this module only moves bytes and turns failures into OpenAI-shaped errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import inspect
+import ipaddress
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import orjson
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from multidict import CIMultiDict
+
+from proxy.config import ConfigHolder, Settings
+from proxy.errors import error_response
+from proxy.metrics import METRICS
+from proxy.relay import overflow_tokens, read_head, relay
+from proxy.turns import ContextService, PassthroughService, PassthroughTurn, PreparedTurn, Rejected
+from proxy.upstream import Upstream, UpstreamError
+from proxy.validate import InvalidRequest, parse_chat_body
+
+log = logging.getLogger("proxy.server")
+
+HOLDER = web.AppKey("holder", ConfigHolder)
+CONTEXT = web.AppKey("context", object)
+UPSTREAM = web.AppKey("upstream", Upstream)
+
+RELOAD_INTERVAL_S = 1.0
+ERROR_PEEK_BYTES = 64 * 1024  # an upstream 400 is read this far to see if it is a context overflow
+
+REQUESTS = METRICS.counter("context_proxy_requests_total", "Requests by route and status", ["route", "status"])
+ENGINE_ERRORS = METRICS.counter(
+    "context_proxy_engine_errors_total", "Chat requests forwarded unchanged because the engine failed"
+)
+
+
+class BodyTooLarge(Exception):
+    """The request body passed `server.max_body_mb`."""
+
+
+def _max_body(settings: Settings) -> int:
+    return int(settings.server.max_body_mb * 1024 * 1024)
+
+
+def _too_large(settings: Settings) -> web.Response:
+    return error_response(
+        413, f"Request body too large: the limit is {settings.server.max_body_mb:g} MB.", "request_too_large"
+    )
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, refused as soon as it passes `limit` (declared or counted), never read beyond it."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge
+    body = bytearray()
+    async for chunk in request.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge
+    return bytes(body)
+
+
+class _StreamedBody:
+    """The client's body as it arrives, for the upstream to read; counts it against the limit."""
+
+    def __init__(self, request: web.Request, limit: int) -> None:
+        self.request, self.limit, self.too_large = request, limit, False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        total = 0
+        async for chunk in self.request.content.iter_any():
+            total += len(chunk)
+            if total > self.limit:
+                self.too_large = True
+                raise BodyTooLarge
+            yield chunk
+
+
+def _credential(request: web.Request) -> str:
+    value = request.headers.get("Authorization", "")
+    return value[7:].strip() if value[:7].lower() == "bearer " else value.strip()
+
+
+def _upstream_tail(request: web.Request) -> str | None:
+    """The raw (still-encoded) path after `/v1/`, or None when it tries to climb out with dot segments."""
+    if any(part in (".", "..") for part in request.match_info["tail"].split("/")):
+        return None
+    raw = request.rel_url.raw_path
+    if raw.startswith("/s/"):
+        raw = raw[raw.index("/", 3) :]
+    return raw[len("/v1/") :]
+
+
+async def _prepare(request: web.Request, body: dict, raw: bytes) -> PreparedTurn | web.Response:
+    context = request.app[CONTEXT]
+    try:
+        turn = context.prepare(
+            path_session=request.match_info.get("session"),
+            headers=request.headers,
+            body=body,
+            credential=_credential(request),
+        )
+        if inspect.isawaitable(turn):
+            turn = await turn
+    except Rejected as exc:
+        return error_response(exc.status, exc.message, exc.code)
+    except Exception as exc:  # an engine bug must not cost the user the answer: forward as sent
+        ENGINE_ERRORS.inc()
+        log.error("context engine failed (%s); forwarding the request unchanged", type(exc).__name__)
+        log.debug("context engine failure", exc_info=True)
+        return PassthroughTurn(body=orjson.loads(raw))
+    return turn
+
+
+async def _send_chat(request: web.Request, turn: PreparedTurn) -> tuple[aiohttp.ClientResponse, bytes]:
+    """Send the turn; on a context overflow let the engine refit once, before the client saw a byte."""
+    upstream = request.app[UPSTREAM]
+    headers = CIMultiDict(request.headers)
+    headers["Content-Type"] = "application/json"
+    body, retried = turn.body, False
+    while True:
+        response = await upstream.send(
+            "POST",
+            "chat/completions",
+            query_string=request.query_string,
+            headers=headers,
+            body=orjson.dumps(body),
+            route="chat",
+            identity=True,
+        )
+        if response.status != 400 or retried:
+            return response, b""
+        try:
+            head = await read_head(response, ERROR_PEEK_BYTES)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            response.close()
+            raise UpstreamError(502, "The upstream broke off its error response.", "upstream_broken") from exc
+        tokens = overflow_tokens(head)
+        refitted = turn.refit(tokens) if tokens is not None else None
+        if refitted is None:
+            return response, head
+        log.info("upstream reported %d prompt tokens over the window; retrying once re-fitted", tokens)
+        response.release()
+        body, retried = refitted, True
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """POST /v1/chat/completions: validate, let the engine prepare the turn, forward, relay."""
+    settings = request.app[HOLDER].settings
+    try:
+        raw = await read_body(request, _max_body(settings))
+    except BodyTooLarge:
+        return _too_large(settings)
+    try:
+        body = parse_chat_body(raw)
+    except InvalidRequest as exc:
+        return error_response(400, exc.message, exc.code, exc.param)
+    turn = await _prepare(request, body, raw)
+    if isinstance(turn, web.StreamResponse):
+        return turn
+    try:
+        response, head = await _send_chat(request, turn)
+    except UpstreamError as exc:
+        return error_response(exc.status, exc.message, exc.code)
+    return await relay(request, response, turn=turn, route="chat", prefix=head)
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Every other /v1/* route: any method, query kept, bodies streamed both ways untouched."""
+    settings = request.app[HOLDER].settings
+    tail = _upstream_tail(request)
+    if tail is None:
+        return error_response(400, "Dot segments are not allowed in the path.", "invalid_path")
+    limit = _max_body(settings)
+    if request.content_length is not None and request.content_length > limit:
+        return _too_large(settings)
+    body = _StreamedBody(request, limit) if request.body_exists else None
+    try:
+        response = await request.app[UPSTREAM].send(
+            request.method,
+            tail,
+            query_string=request.rel_url.raw_query_string,
+            headers=request.headers,
+            body=body.__aiter__() if body is not None else None,
+            content_length=request.content_length,
+            route="passthrough",
+        )
+    except (UpstreamError, BodyTooLarge) as exc:
+        if body is not None and body.too_large:
+            return _too_large(settings)
+        assert isinstance(exc, UpstreamError)
+        return error_response(exc.status, exc.message, exc.code)
+    return await relay(request, response, route="passthrough")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    holder = request.app[HOLDER]
+    status = {"status": "ok", "config_error": holder.last_error}
+    return web.Response(body=orjson.dumps(status), content_type="application/json")
+
+
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _admin_denied(request: web.Request) -> web.Response | None:
+    """/metrics and /sessions: the admin token when configured, else loopback clients only."""
+    env = request.app[HOLDER].settings.server.admin_token_env
+    if env:
+        token = os.environ.get(env, "")
+        if token and hmac.compare_digest(_credential(request).encode(), token.encode()):
+            return None
+        return error_response(401, "This route needs the proxy's admin token.", "invalid_admin_token")
+    if _is_loopback(request.remote):
+        return None
+    return error_response(403, "This route is only served to loopback clients.", "admin_loopback_only")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    if denied := _admin_denied(request):
+        return denied
+    body = METRICS.render().encode()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def sessions(request: web.Request) -> web.Response:
+    if denied := _admin_denied(request):
+        return denied
+    context = request.app[CONTEXT]
+    session_id = request.match_info.get("session_id")
+    method = getattr(context, "session_json" if session_id is not None else "sessions_json", None)
+    data = None if method is None else method(session_id) if session_id is not None else method()
+    if data is None:
+        return error_response(404, "No such session." if method else "This proxy keeps no sessions.", "not_found")
+    body = data if isinstance(data, bytes) else data.encode() if isinstance(data, str) else orjson.dumps(data)
+    return web.Response(body=body, content_type="application/json")
+
+
+_ROUTE_LABELS: dict[Callable, str] = {
+    chat_completions: "chat_completions",
+    passthrough: "passthrough",
+    healthz: "healthz",
+    metrics: "metrics",
+    sessions: "sessions",
+}
+
+
+@web.middleware
+async def observe(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    """Count every request by route and status; turn aiohttp's own errors into OpenAI's shape."""
+    label = _ROUTE_LABELS.get(request.match_info.handler, "unmatched")
+    status = "499"  # the client went away before an answer
+    try:
+        response = await handler(request)
+        status = str(response.status)
+        return response
+    except web.HTTPException as exc:
+        status = str(exc.status)
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason, headers={k: v for k, v in exc.headers.items() if k == "Allow"})
+    except Exception:
+        status = "500"
+        raise
+    finally:
+        REQUESTS.inc(route=label, status=status)
+
+
+async def _reload_config(holder: ConfigHolder) -> None:
+    while True:
+        await asyncio.sleep(RELOAD_INTERVAL_S)
+        try:
+            await asyncio.to_thread(holder.reload_if_changed)
+        except Exception:
+            log.exception("config reload failed")
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """The pooled upstream client and the config watcher live exactly as long as the app."""
+    await app[UPSTREAM].start()
+    watcher = asyncio.create_task(_reload_config(app[HOLDER]))
+    yield
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
+    await app[UPSTREAM].close()
+
+
+def create_app(
+    holder: ConfigHolder, *, context: ContextService | None = None, upstream: Upstream | None = None
+) -> web.Application:
+    """The proxy as an aiohttp app; without `context` chat bodies pass unchanged. The app owns `upstream`."""
+    app = web.Application(middlewares=[observe], client_max_size=_max_body(holder.settings) + 1)
+    app[HOLDER] = holder
+    app[CONTEXT] = context if context is not None else PassthroughService()
+    app[UPSTREAM] = upstream if upstream is not None else Upstream(holder)
+    app.cleanup_ctx.append(_lifecycle)
+    router = app.router
+    router.add_post("/v1/chat/completions", chat_completions)
+    router.add_post("/s/{session}/v1/chat/completions", chat_completions)
+    router.add_route("*", "/v1/{tail:.*}", passthrough)
+    router.add_route("*", "/s/{session}/v1/{tail:.*}", passthrough)
+    router.add_get("/healthz", healthz)
+    router.add_get("/metrics", metrics)
+    router.add_get("/sessions", sessions)
+    router.add_get("/sessions/{session_id}", sessions)
+    return app
+
+
+class PathAccessLogger(AbstractAccessLogger):
+    """One line per request without the query string (it may carry a key) and without headers."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info("%s %s %s %s %.3fs", request.remote, request.method, request.path, response.status, time)
+
+
+async def start(
+    holder: ConfigHolder,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    context: ContextService | None = None,
+    upstream: Upstream | None = None,
+) -> tuple[web.AppRunner, int]:
+    """Serve the proxy in the running loop; returns the runner (`await runner.cleanup()`) and the bound port."""
+    app = create_app(holder, context=context, upstream=upstream)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client that hangs up cancels its handler, and so its upstream request
+        access_log_class=PathAccessLogger,
+        access_log=logging.getLogger("proxy.access"),
+        shutdown_timeout=1.0,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+async def _serve_until_stopped(holder: ConfigHolder, host: str, port: int, context: ContextService | None) -> None:
+    runner, bound = await start(holder, host, port, context=context)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    upstream = holder.settings.upstream.base_url
+    log.info("context-proxy listening on http://%s:%d, forwarding to %s", host, bound, upstream)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await runner.cleanup()
+
+
+def serve(holder: ConfigHolder, host: str, port: int, *, context: ContextService | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (the CLI's `serve`)."""
+    asyncio.run(_serve_until_stopped(holder, host, port, context))

@@ -1,0 +1,159 @@
+"""The one way requests leave the proxy: a pooled client bound to the configured upstream.
+
+The host always comes from `upstream.base_url`; a request contributes only the path
+after `/v1`, its query string, its end-to-end headers and its body.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterable, Mapping
+
+import aiohttp
+from multidict import CIMultiDict
+from yarl import URL
+
+from proxy.config import ConfigHolder
+from proxy.metrics import METRICS
+
+log = logging.getLogger("proxy.upstream")
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Set by the proxy itself, never copied from the client.
+_REQUEST_OWN = frozenset({"host", "content-length", "expect", "accept-encoding"})
+
+UPSTREAM_LATENCY = METRICS.histogram(
+    "context_proxy_upstream_latency_seconds", "Time from sending a request upstream to its response headers", ["route"]
+)
+
+
+class UpstreamError(Exception):
+    """The upstream could not give us response headers; `status` is what the client gets."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+def end_to_end(headers: Mapping[str, str], also_drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
+    """The headers a proxy may forward: hop-by-hop ones, and those `Connection` names, removed."""
+    named = {t.strip().lower() for v in headers.getall("connection", ()) for t in v.split(",")}  # type: ignore[attr-defined]
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in named or lower in also_drop:
+            continue
+        out.add(name, value)
+    return out
+
+
+class Upstream:
+    """One pooled `aiohttp.ClientSession` to the configured upstream; open with `start()`."""
+
+    def __init__(self, holder: ConfigHolder) -> None:
+        self.holder = holder
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            # Bytes are relayed as they are: a compressed passthrough body stays compressed.
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def url_for(self, tail: str, query_string: str = "") -> URL:
+        """`base_url` joined with the (raw, still-encoded) path after `/v1`."""
+        base = URL(self.holder.settings.upstream.base_url)
+        path = base.raw_path.rstrip("/") + "/" + tail.lstrip("/")
+        return URL.build(
+            scheme=base.scheme,
+            user=base.raw_user,
+            password=base.raw_password,
+            host=base.raw_host or "",
+            port=base.explicit_port,
+            path=path,
+            query_string=query_string,
+            encoded=True,
+        )
+
+    def headers_for(self, client_headers: Mapping[str, str], *, identity: bool) -> CIMultiDict[str]:
+        """End-to-end client headers, with the configured key in place of the client's if there is one."""
+        headers = end_to_end(client_headers, _REQUEST_OWN)
+        key_env = self.holder.settings.upstream.api_key_env
+        if key_env:
+            headers.popall("authorization", None)
+            headers.popall("api-key", None)
+            key = os.environ.get(key_env, "")
+            if not key:
+                raise UpstreamError(
+                    502, f"The proxy's upstream key variable {key_env} is not set.", "upstream_key_missing"
+                )
+            headers["Authorization"] = f"Bearer {key}"
+        accept = client_headers.get("accept-encoding")
+        headers["Accept-Encoding"] = "identity" if identity or not accept else accept
+        return headers
+
+    async def send(
+        self,
+        method: str,
+        tail: str,
+        *,
+        query_string: str,
+        headers: Mapping[str, str],
+        body: bytes | AsyncIterable[bytes] | None,
+        content_length: int | None = None,
+        route: str,
+        identity: bool = False,
+    ) -> aiohttp.ClientResponse:
+        """Send and return the response once its headers are in; the caller releases or closes it."""
+        if self._session is None:
+            raise RuntimeError("Upstream.start() was not awaited")
+        config = self.holder.settings.upstream
+        out = self.headers_for(headers, identity=identity)
+        if isinstance(body, bytes):
+            out["Content-Length"] = str(len(body))
+        elif body is not None and content_length is not None:
+            out["Content-Length"] = str(content_length)
+        timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s, sock_read=config.read_timeout_s)
+        url = self.url_for(tail, query_string)
+        started = time.monotonic()
+        try:
+            response = await self._session.request(
+                method,
+                url,
+                headers=out,
+                data=body,
+                timeout=timeout,
+                allow_redirects=False,
+                skip_auto_headers=("User-Agent",),
+            )
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            log.warning("upstream %s timed out before answering (%s)", url.path, type(exc).__name__)
+            raise UpstreamError(504, "The upstream did not answer in time.", "upstream_timeout") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("upstream %s unreachable: %s", url.path, type(exc).__name__)
+            raise UpstreamError(
+                502, f"The upstream could not be reached ({type(exc).__name__}).", "upstream_unreachable"
+            ) from exc
+        UPSTREAM_LATENCY.observe(time.monotonic() - started, route=route)
+        return response

@@ -1,0 +1,89 @@
+"""Request-body checks for chat completions: a malformed body gets a clear local 400.
+
+Only the shape the proxy relies on is checked (the engine walks `messages`); every
+other field is the upstream's business.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+class InvalidRequest(ValueError):
+    """A body the proxy refuses, with the OpenAI-style `param` and `code` it names."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _check_message(index: int, message: Any) -> None:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise InvalidRequest(f"Invalid '{where}': expected an object, got {_kind(message)}.", where, "invalid_type")
+    role = message.get("role")
+    if role is None:
+        raise InvalidRequest(
+            f"Missing required parameter: '{where}.role'.", f"{where}.role", "missing_required_parameter"
+        )
+    if role not in ROLES:
+        shown = repr(role) if isinstance(role, str) else _kind(role)
+        raise InvalidRequest(
+            f"Invalid value for '{where}.role': {shown[:40]}. Supported values are: {', '.join(ROLES)}.",
+            f"{where}.role",
+            "invalid_value",
+        )
+    content = message.get("content")
+    if isinstance(content, list):
+        for part_index, part in enumerate(content):
+            if not isinstance(part, dict):
+                param = f"{where}.content[{part_index}]"
+                raise InvalidRequest(
+                    f"Invalid '{param}': expected an object, got {_kind(part)}.", param, "invalid_type"
+                )
+    elif content is not None and not isinstance(content, str):
+        raise InvalidRequest(
+            f"Invalid type for '{where}.content': expected a string, null or an array of objects, "
+            f"got {_kind(content)}.",
+            f"{where}.content",
+            "invalid_type",
+        )
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None and not isinstance(tool_calls, list):
+        raise InvalidRequest(
+            f"Invalid type for '{where}.tool_calls': expected an array, got {_kind(tool_calls)}.",
+            f"{where}.tool_calls",
+            "invalid_type",
+        )
+
+
+def parse_chat_body(raw: bytes) -> dict[str, Any]:
+    """The parsed chat-completions body, or InvalidRequest naming what is wrong and where."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}", None, "invalid_json") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"The request body must be a JSON object, got {_kind(body)}.", None, "invalid_type")
+    if "messages" not in body:
+        raise InvalidRequest("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise InvalidRequest(
+            f"Invalid type for 'messages': expected an array, got {_kind(messages)}.", "messages", "invalid_type"
+        )
+    for index, message in enumerate(messages):
+        _check_message(index, message)
+    return body
