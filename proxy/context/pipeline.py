@@ -13,7 +13,7 @@ import math
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.context.capsules import Capsule, ContextRequest, select_capsules
@@ -32,6 +32,8 @@ __all__ = ["Outcome", "TurnReport", "process"]
 _CLEARED = Decision(CLEARED)
 _DROPPED = Decision(DROPPED)
 CAPSULE_HEADER = "Context for this conversation:"
+# Tool outputs among the last this many messages are never cleared, whatever `keep_tokens` says.
+RECENT_MESSAGES = 6
 
 
 @dataclass
@@ -255,6 +257,7 @@ def _clearing(turn: _Turn, out: list[Message], counts: list[int], *, forced: boo
     A bound from the journal alone rules most turns out before any plan is made.
     """
     clear = ClearToolOutputs.from_policy(turn.policy.clear_tool_outputs)
+    clear = replace(clear, keep_tokens=max(clear.keep_tokens, _recent_output_tokens(turn)))
     bound = _clearing_bound(turn, clear.keep_tokens)
     if bound is None or bound[0] < max(1, clear.clear_at_least):
         return None
@@ -277,6 +280,20 @@ def _clearing(turn: _Turn, out: list[Message], counts: list[int], *, forced: boo
     if not forced and not pays(plan.tokens, positions[_visible_to_output(turn, first)]):
         return None
     return plan
+
+
+def _recent_output_tokens(turn: _Turn) -> int:
+    """Tokens of the tool outputs among the last `RECENT_MESSAGES` sent: the agent is working with them."""
+    state, seen, tokens = turn.state, 0, 0
+    for i in range(len(state) - 1, -1, -1):
+        if state.decisions[i].kind == DROPPED:
+            continue
+        if state.outputs[i] and state.decisions[i].kind != CLEARED:
+            tokens += state.sent[i]
+        seen += 1
+        if seen == RECENT_MESSAGES:
+            break
+    return tokens
 
 
 def _clearing_bound(turn: _Turn, keep_tokens: int) -> tuple[int, int] | None:

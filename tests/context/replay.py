@@ -22,7 +22,8 @@ from proxy.context.tokens import REPLY_PRIMING, Counter
 TRACES = Path(__file__).resolve().parents[2] / "proxy" / "data" / "traces"
 TRACE_NAMES = ("sweagent_marshmallow-1867.json", "mini_django-11138.tools.json", "sweagent_text_pydicom-1458.json")
 # SWE-agent's text mode ends every observation with its prompt line: what marks a user message as tool output.
-TEXT_OBSERVATION = r"\(Current directory: [^)]*\)\s*bash-\$\s*$"
+# The task itself ends with the same line, so it is excluded by its opening words.
+TEXT_OBSERVATION = r"\A(?!We're currently solving)(?s:.*)\(Current directory: [^)]*\)\s*bash-\$\s*\Z"
 
 
 def load(name: str) -> dict:
