@@ -128,8 +128,9 @@ class Session:
     turns: list[TurnStats] = field(default_factory=list)
     turn_count: int = 0
     last_seen: float = 0.0
-    # Upstream prompt tokens per token we estimated, learned from a context_length_exceeded retry.
-    correction: float = 1.0
+    # Upstream prompt tokens per token we estimated, as a context_length_exceeded retry taught it:
+    # a floor under the model's learned ratio for this session (0 = nothing learned).
+    correction: float = 0.0
     # The direct (unedited) prompt size of the previous turn, for the direct-cost estimate.
     direct_prompt_tokens: int = 0
 

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from proxy.config import StateConfig
+from proxy.context.journal import Journal
 from proxy.sessions import Session, TurnStats
 
 log = logging.getLogger("proxy.state")
@@ -41,18 +42,6 @@ CREATE INDEX IF NOT EXISTS sessions_last_seen ON sessions (last_seen);
 _PURGE_EVERY_S = 60.0
 
 
-def _new_journal() -> Any:
-    from proxy.context.journal import Journal  # the engine's type; imported late so the shell loads alone
-
-    return Journal()
-
-
-def _journal_from_dict(data: dict[str, Any]) -> Any:
-    from proxy.context.journal import Journal
-
-    return Journal.from_dict(data)
-
-
 class SessionStore:
     """Sessions by id: LRU-bounded, idle ones forgotten after `idle_ttl_s`, optionally persisted."""
 
@@ -63,8 +52,8 @@ class SessionStore:
         idle_ttl_s: float = 6 * 3600,
         path: str | Path = "",
         clock: Callable[[], float] = time.time,
-        new_journal: Callable[[], Any] = _new_journal,
-        journal_from_dict: Callable[[dict[str, Any]], Any] = _journal_from_dict,
+        new_journal: Callable[[], Any] = Journal,
+        journal_from_dict: Callable[[dict[str, Any]], Any] = Journal.from_dict,
     ) -> None:
         self.max_sessions = max(1, max_sessions)
         self.idle_ttl_s = idle_ttl_s
