@@ -1,0 +1,108 @@
+"""Recorded OpenAI streams relayed byte for byte, and the SSE usage filter on its own."""
+
+from __future__ import annotations
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from proxy.relay import SseUsageFilter, overflow_tokens
+from tests.conftest import SSE_DIR, RecordingService
+
+RECORDINGS = sorted(p.name for p in SSE_DIR.glob("*.sse"))
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def usage_event(data: bytes) -> bytes:
+    events = data.split(b"\n\n")
+    return next(e for e in events if b'"choices":[]' in e and b'"usage":{' in e) + b"\n\n"
+
+
+async def post_stream(url: str) -> tuple[bytes, dict]:
+    body = {"model": f"recorded:{url.rsplit('#', 1)[1]}", "messages": MESSAGES, "stream": True}
+    async with aiohttp.ClientSession() as http, http.post(url.rsplit("#", 1)[0], json=body) as response:
+        assert response.status == 200
+        return await response.read(), dict(response.headers)
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+async def test_recorded_streams_reach_the_client_byte_for_byte(upstream, proxy, name):
+    received, headers = await post_stream(f"{proxy.url}/chat/completions#{name}")
+    assert received == (SSE_DIR / name).read_bytes()
+    assert headers["Content-Type"].startswith("text/event-stream")
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+async def test_recorded_streams_parse_in_the_sdk(upstream, proxy, name):
+    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-client", max_retries=0, timeout=10)
+    stream = await client.chat.completions.create(model=f"recorded:{name}", messages=MESSAGES, stream=True)
+    chunks = [c async for c in stream]
+    assert len(chunks) == (SSE_DIR / name).read_bytes().count(b"data: {")
+    assert chunks[-1].usage is not None
+
+
+@pytest.mark.parametrize("name", RECORDINGS[:4])
+async def test_recorded_usage_chunk_is_stripped_exactly(upstream, make_proxy, name):
+    service = RecordingService(strip_usage_chunk=True)
+    proxy = await make_proxy(upstream.url, context=service)
+    received, _ = await post_stream(f"{proxy.url}/chat/completions#{name}")
+    recorded = (SSE_DIR / name).read_bytes()
+    assert received == recorded.replace(usage_event(recorded), b"")
+    assert received.endswith(b"data: [DONE]\n\n")
+    usage = orjson.loads(usage_event(recorded).removeprefix(b"data: "))["usage"]
+    assert service.turns[0].usages == [usage]
+
+
+def feed_in_pieces(sse: SseUsageFilter, data: bytes, size: int) -> bytes:
+    out = b"".join(sse.feed(data[i : i + size]) for i in range(0, len(data), size))
+    return out + sse.finish()
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 17, 4096])
+def test_the_filter_keeps_every_byte_when_not_stripping(size):
+    data = (SSE_DIR / RECORDINGS[0]).read_bytes()
+    sse = SseUsageFilter(strip_usage_chunk=False)
+    assert feed_in_pieces(sse, data, size) == data
+    assert sse.usage["total_tokens"] == orjson.loads(usage_event(data).removeprefix(b"data: "))["usage"]["total_tokens"]
+
+
+@pytest.mark.parametrize("separator", [b"\n\n", b"\r\n\r\n"])
+def test_the_filter_strips_only_the_usage_only_event(separator):
+    events = [
+        b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}',
+        b'data: {"choices":[],"usage":{"prompt_tokens":3}}',
+        b"data: [DONE]",
+    ]
+    data = separator.join(events) + separator
+    sse = SseUsageFilter(strip_usage_chunk=True)
+    assert feed_in_pieces(sse, data, 3) == events[0] + separator + events[2] + separator
+    assert sse.usage == {"prompt_tokens": 3}
+
+
+def test_the_filter_keeps_a_usage_chunk_that_also_has_choices():
+    data = b'data: {"choices":[{"delta":{}}],"usage":{"prompt_tokens":3}}\n\n'
+    sse = SseUsageFilter(strip_usage_chunk=True)
+    assert feed_in_pieces(sse, data, 7) == data and sse.usage == {"prompt_tokens": 3}
+
+
+def test_the_filter_passes_malformed_events_untouched():
+    data = b'data: {"usage": {broken\n\ndata: [DONE]\n\n: comment\n\nunterminated'
+    assert feed_in_pieces(SseUsageFilter(strip_usage_chunk=True), data, 4) == data
+
+
+@pytest.mark.parametrize(
+    ("message", "tokens"),
+    [
+        ("This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.", 9000),
+        (
+            "maximum context length is 8192 tokens, however you requested 9100 tokens (9000 in the messages, 100 in",
+            9000,
+        ),
+        ("Input tokens exceed the configured limit", None),
+    ],
+)
+def test_overflow_tokens_are_read_from_the_upstream_message(message, tokens):
+    body = orjson.dumps({"error": {"message": message, "code": "context_length_exceeded"}})
+    assert overflow_tokens(body) == tokens
+    assert overflow_tokens(b"<html>502</html>") is None
