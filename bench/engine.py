@@ -1,0 +1,46 @@
+"""The proxy's per-request work, in this process: parse, `ContextService.prepare`, serialise, record usage.
+
+This is what the server does for a chat request besides moving bytes; measuring it here
+keeps event-loop and socket noise out of CPU figures.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from proxy.chat import ContextService, build_context_service
+from proxy.config import ConfigHolder, load_settings
+from proxy.validate import parse_chat_body
+
+PHASES = ("parse", "prepare", "serialise", "usage")
+
+
+def service(max_sessions: int = 1000) -> ContextService:
+    """A fresh ContextService on the default config, detached from file reloads."""
+    settings = load_settings()
+    settings = replace(settings, path="", state=replace(settings.state, max_sessions=max_sessions))
+    return build_context_service(ConfigHolder(settings))
+
+
+def handle(svc: ContextService, raw: bytes, session: str, prompt_tokens: int = 0) -> tuple[Any, dict[str, float]]:
+    """One chat request as the server handles it, minus the sockets: the turn and CPU ms per phase."""
+    clock = time.process_time
+    t0 = clock()
+    body = parse_chat_body(raw)
+    t1 = clock()
+    turn = svc.prepare(path_session=session, headers={}, body=body, credential="sk-bench")
+    t2 = clock()
+    orjson.dumps(turn.body)
+    t3 = clock()
+    turn.record_usage({"prompt_tokens": prompt_tokens or 1, "prompt_tokens_details": {"cached_tokens": 0}})
+    t4 = clock()
+    return turn, dict(zip(PHASES, ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3), strict=True))
+
+
+def reference(raw: bytes) -> bytes:
+    """The floor for any proxy that rewrites the body: parse it and serialise it again."""
+    return orjson.dumps(orjson.loads(raw))
