@@ -333,7 +333,7 @@ def _chunk_choices(content: str | None, calls: list[dict], chunks: int) -> list[
     return [*events, event({}, "tool_calls")]
 
 
-def _int_header(request: web.Request, name: str, default: float) -> float:
+def _number_header(request: web.Request, name: str, default: float) -> float:
     try:
         return float(request.headers.get(name, default))
     except ValueError:
@@ -348,7 +348,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if error is not None:
         return error
     model, messages, tools = body["model"], body["messages"], body.get("tools") or None
-    prompt, chain = sim.measure(model, tools, messages)
+    try:
+        prompt, chain = sim.measure(model, tools, messages)
+    except TypeError:  # orjson refuses JSON nested over 254 deep; OpenAI refuses such a body too
+        return openai_error(400, "Invalid 'messages': nested too deeply.", "invalid_request_error", param="messages")
     window = sim.config.window(model)
     reserved = body.get("max_completion_tokens") or body.get("max_tokens") or 0
     if prompt + reserved > window:
@@ -358,7 +361,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     cached = min(sim.cached_tokens(key, chain), prompt)
     sim.remember(key, chain)
 
-    n_calls = int(_int_header(request, "X-Sim-Tool-Calls", sim.config.tool_calls)) if tools else 0
+    n_calls = int(_number_header(request, "X-Sim-Tool-Calls", sim.config.tool_calls)) if tools else 0
     calls = _tool_calls(tools, n_calls, sim.next_id()) if n_calls > 0 else []
     content = None if calls else sim.config.answer
     counter = counter_for(encoding_for_model(model))
@@ -372,7 +375,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     sim.totals.completion_tokens += completion
     base = {"id": f"chatcmpl-sim{sim.next_id():08d}", "created": int(time.time()), "model": model}
     if body.get("stream"):
-        return await _stream(request, base, _chunk_choices(content, calls, _chunks(request, sim)), usage)
+        chunks = max(1, int(_number_header(request, "X-Sim-Chunks", sim.config.chunks)))
+        return await _stream(request, base, _chunk_choices(content, calls, chunks), usage)
     message = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
     if calls:
         message["tool_calls"] = calls
@@ -382,44 +386,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await send_json(request, {**payload, "service_tier": "default", "system_fingerprint": FINGERPRINT})
 
 
-def _chunks(request: web.Request, sim: Simulator) -> int:
-    return max(1, int(_int_header(request, "X-Sim-Chunks", sim.config.chunks)))
-
-
 async def _stream(request: web.Request, base: dict, choices: list[list[dict]], usage: dict) -> web.StreamResponse:
-    """SSE as the real API sends it, paced by the chunk delay, with the mid-stream faults."""
-    sim, fault = request.app[SIMULATOR], request.headers.get("X-Sim-Fault", "")
-    delay = _int_header(request, "X-Sim-Delay-Ms", sim.config.chunk_delay_s * 1000) / 1000
+    """SSE as the real API sends it: one event per chunk, then usage if asked for, then [DONE]."""
+    sim = request.app[SIMULATOR]
     head = {"id": base["id"], "object": "chat.completion.chunk", "created": base["created"], "model": base["model"]}
     head["system_fingerprint"] = FINGERPRINT
-    lines = [b"data: " + orjson.dumps({**head, "choices": c}) for c in choices]
+    events = [{**head, "choices": c} for c in choices]
     if (request[_BODY].get("stream_options") or {}).get("include_usage"):
-        lines.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}))
-    lines.append(b"data: [DONE]")
-    response = web.StreamResponse(headers=response_headers(sim))
-    response.content_type, response.charset = "text/event-stream", "utf-8"
-    await response.prepare(request)
-    sim.active_streams += 1
-    try:
-        for i, line in enumerate(lines):
-            if i == sim.config.fault_after_chunks and fault in MID_STREAM_FAULTS:
-                if fault == "malformed-sse":
-                    line = line[: len(line) // 2]
-                elif fault == "reset-mid-stream":
-                    _reset(request, hard=False)
-                    return response
-                else:
-                    await idle_while_connected(request, sim.config.silence_s)
-            if i and delay > 0 and not await idle_while_connected(request, delay):
-                raise ConnectionResetError
-            await response.write(line + b"\n\n")
-        await response.write_eof()
-    except (ConnectionError, asyncio.CancelledError):
-        sim.totals.disconnects += 1
-        raise
-    finally:
-        sim.active_streams -= 1
-    return response
+        events.append({**head, "choices": [], "usage": usage})
+    pieces = [b"data: " + orjson.dumps(e) + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+    delay = _number_header(request, "X-Sim-Delay-Ms", sim.config.chunk_delay_s * 1000) / 1000
+    return await _send(request, pieces, "text/event-stream", sim.config.fault_after_chunks, delay)
 
 
 def response_headers(sim: Simulator) -> dict[str, str]:
@@ -427,21 +404,41 @@ def response_headers(sim: Simulator) -> dict[str, str]:
 
 
 async def send_json(request: web.Request, payload: Any) -> web.StreamResponse:
-    """A JSON answer; `reset-mid-stream`, `silence-mid-stream` and `malformed-sse` break its body."""
-    sim, fault = request.app[SIMULATOR], request.headers.get("X-Sim-Fault", "")
+    """A JSON answer, sent in two halves so the mid-stream faults can break it between them."""
     data = orjson.dumps(payload)
-    if fault not in MID_STREAM_FAULTS:
-        return web.Response(body=data, content_type="application/json", headers=response_headers(sim))
-    if fault == "malformed-sse":
-        return web.Response(body=data[: len(data) // 2], content_type="application/json")
+    return await _send(request, [data[: len(data) // 2], data[len(data) // 2 :]], "application/json", 1, 0.0)
+
+
+async def _send(
+    request: web.Request, pieces: list[bytes], content_type: str, fault_at: int, delay: float
+) -> web.StreamResponse:
+    """Write the body piece by piece, paced by `delay`; the mid-stream faults strike before piece `fault_at`."""
+    sim, fault = request.app[SIMULATOR], request.headers.get("X-Sim-Fault", "")
+    sse = content_type == "text/event-stream"
+    if fault == "malformed-sse" and fault_at < len(pieces):
+        pieces[fault_at] = pieces[fault_at][: len(pieces[fault_at]) // 2] + (b"\n\n" if sse else b"")
     response = web.StreamResponse(headers=response_headers(sim))
-    response.content_type, response.content_length = "application/json", len(data)
+    response.content_type, response.charset = content_type, "utf-8"
+    if not sse:
+        response.content_length = sum(map(len, pieces))
     await response.prepare(request)
-    await response.write(data[: len(data) // 2])
-    if fault == "reset-mid-stream":
-        _reset(request, hard=False)
-    else:
-        await idle_while_connected(request, sim.config.silence_s)
+    sim.active_streams += 1
+    try:
+        for i, piece in enumerate(pieces):
+            if i == fault_at and fault == "reset-mid-stream":
+                _reset(request, hard=False)
+                return response
+            if i == fault_at and fault == "silence-mid-stream":
+                await idle_while_connected(request, sim.config.silence_s)
+            if i and delay > 0 and not await idle_while_connected(request, delay):
+                raise ConnectionResetError
+            await response.write(piece)
+        await response.write_eof()
+    except (ConnectionError, asyncio.CancelledError):
+        sim.totals.disconnects += 1
+        raise
+    finally:
+        sim.active_streams -= 1
     return response
 
 

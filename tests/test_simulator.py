@@ -269,6 +269,15 @@ async def test_tool_pairing_is_checked_like_openai(sim, messages, param):
     assert status == 400 and error["param"] == param and error["type"] == "invalid_request_error"
 
 
+async def test_a_body_nested_too_deep_is_a_400_not_a_crash(sim):
+    _, url = sim
+    deep: dict = {"type": "text", "text": "x"}
+    for _ in range(300):
+        deep = {"type": "text", "text": "x", "nested": deep}
+    status, _, raw = await post(url, {"model": "sim-32k", "messages": [{"role": "user", "content": [deep]}]})
+    assert status == 400 and json.loads(raw)["error"]["param"] == "messages"
+
+
 def test_every_request_of_every_trace_pairs_correctly():
     for name in list_traces():
         trace = load_trace(name)
