@@ -130,12 +130,16 @@ async def _send_chat(request: web.Request, turn: PreparedTurn) -> tuple[aiohttp.
     headers["Content-Type"] = "application/json"
     body, retried = turn.body, False
     while True:
+        try:
+            data = orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:  # orjson reads deeper nesting than it writes
+            raise InvalidRequest(f"The request body cannot be forwarded: {exc}.", None, "invalid_body") from exc
         response = await upstream.send(
             "POST",
             "chat/completions",
             query_string=request.query_string,
             headers=headers,
-            body=orjson.dumps(body),
+            body=data,
             route="chat",
             identity=True,
         )
@@ -173,6 +177,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         response, head = await _send_chat(request, turn)
     except UpstreamError as exc:
         return error_response(exc.status, exc.message, exc.code)
+    except InvalidRequest as exc:
+        return error_response(400, exc.message, exc.code, exc.param)
     return await relay(request, response, turn=turn, route="chat", prefix=head)
 
 
