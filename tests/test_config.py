@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import DEFAULT_CONFIG, ConfigError, ConfigHolder, load_settings
+from proxy.config import (
+    DEFAULT_CONFIG,
+    ConfigError,
+    ConfigHolder,
+    ServerConfig,
+    StateConfig,
+    UpstreamConfig,
+    load_settings,
+)
+from proxy.context.policy import Policy
 
 
 @pytest.fixture
@@ -24,12 +33,13 @@ def bump(path: Path) -> None:
     os.utime(path, (st.st_atime + 5, st.st_mtime + 5))
 
 
-def test_the_default_config_loads_with_the_documented_defaults() -> None:
+def test_the_default_config_file_states_the_code_defaults() -> None:
+    """config/proxy.toml shows every key with its default: the file and the dataclasses agree."""
     settings = load_settings()
-    assert (settings.server.host, settings.server.port, settings.server.max_body_mb) == ("127.0.0.1", 8787, 32)
-    policy = settings.policy
-    assert policy.truncation == "truncate_left" and policy.high_water == 0.90 and policy.low_water == 0.60
-    assert policy.clear_tool_outputs.keep_under == 500 and policy.capsules.budget_tokens == 1500
+    assert settings.server == ServerConfig()
+    assert settings.upstream == UpstreamConfig()
+    assert settings.state == StateConfig()
+    assert settings.policy == Policy()
 
 
 def test_the_most_specific_model_glob_wins() -> None:
@@ -49,7 +59,7 @@ def test_session_files_override_policy_keys_and_add_capsules() -> None:
     policy, capsules = settings.policy_for("agent-7")
     assert policy.name == "example"
     assert policy.clear_tool_outputs.keep_tokens == 8000
-    assert policy.clear_tool_outputs.keep_under == 500  # not overridden: the default stays
+    assert policy.clear_tool_outputs.keep_under == settings.policy.clear_tool_outputs.keep_under  # not overridden
     assert [c.id for c in capsules] == ["tests-convention"]
     assert settings.policy_for("someone-else") == (settings.policy, ())
 
