@@ -21,7 +21,7 @@ class ClearPolicy:
     # discount; the pipeline never clears outputs among the last six messages, whatever these say.
     keep_tokens: int = 2000
     keep_under: int = 100
-    clear_at_least: int = 500
+    clear_at_least: int = 1000
     errors_keep_under: int | None = 1000
     exclude_tools: tuple[str, ...] = ()
     error_patterns: tuple[str, ...] = DEFAULT_ERROR_PATTERNS

@@ -1,0 +1,185 @@
+"""The pipeline turn by turn: stable replay between epochs, rare batched edits, capsules once, real traces."""
+
+import itertools
+
+import orjson
+import pytest
+
+from proxy.context import Capsule, CapsulePolicy, ClearPolicy, HeuristicCounter, ModelInfo, Policy
+from proxy.context.clearing import PLACEHOLDER
+from proxy.context.journal import Journal
+from proxy.context.messages import check_pairing
+from proxy.context.pipeline import process
+from tests.context.replay import TRACE_NAMES, load, model, policy_for, run, turns
+
+COUNTER = HeuristicCounter()
+POLICY = Policy(clear_tool_outputs=ClearPolicy(keep_tokens=1000, keep_under=100, clear_at_least=500))
+NO_CACHE = ModelInfo(context_window=128000, input_per_mtok=1.0, cached_input_per_mtok=1.0)
+
+
+def agent(steps: int, output_tokens: int = 400, error_every: int = 0) -> list[dict]:
+    """system, task, then per step an assistant call and its (distinct) tool output."""
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix the bug."}]
+    for k in range(steps):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}],
+            }
+        )
+        failed = error_every and k % error_every == 0
+        body = f"Error: step {k} failed" if failed else f"step {k} " + "x" * 4 * output_tokens
+        messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": body})
+    return messages
+
+
+def replay(messages: list[dict], policy: Policy = POLICY, info: ModelInfo = NO_CACHE, **kwargs):
+    """Each turn sends the whole history so far; returns every outcome."""
+    journal, outcomes = Journal(), []
+    for i in range(2, len(messages) + 1, 2):
+        outcome = process(journal, messages[:i], tools=None, policy=policy, model=info, counter=COUNTER, **kwargs)
+        journal = outcome.journal
+        outcomes.append(outcome)
+    return outcomes
+
+
+def dumped(messages: list[dict]) -> list[bytes]:
+    return [orjson.dumps(m) for m in messages]
+
+
+def test_between_turns_without_an_epoch_the_output_extends_the_previous_one_byte_for_byte():
+    outcomes = replay(agent(40))
+    for before, after in itertools.pairwise(outcomes):
+        if not after.report.epoch:
+            assert dumped(after.messages)[: len(before.messages)] == dumped(before.messages)
+
+
+def test_epochs_are_rare_batches():
+    cached = ModelInfo(context_window=128000, input_per_mtok=1.0, cached_input_per_mtok=0.5)
+    outcomes = replay(agent(60), policy=Policy(), info=cached)
+    epochs = sum(o.report.epoch for o in outcomes)
+    assert 1 <= epochs <= len(outcomes) // 3
+
+
+def test_cleared_outputs_stay_cleared():
+    outcomes = replay(agent(40))
+    cleared_at: dict[int, int] = {}
+    for k, outcome in enumerate(outcomes):
+        for i, m in enumerate(outcome.messages):
+            if m.get("content") == PLACEHOLDER:
+                cleared_at.setdefault(i, k)
+        for i, k0 in cleared_at.items():
+            assert outcome.messages[i]["content"] == PLACEHOLDER, (i, k0, k)
+    assert cleared_at
+
+
+def test_short_error_outputs_are_never_cleared():
+    messages = agent(40, error_every=3)
+    last = replay(messages)[-1].messages
+    errors = [m for m in last if m.get("role") == "tool" and str(m["content"]).startswith("Error")]
+    assert len(errors) == len([m for m in messages if str(m.get("content")).startswith("Error")])
+
+
+def test_the_last_message_and_the_task_are_never_altered():
+    messages = agent(40)
+    for outcome, i in zip(replay(messages), range(2, len(messages) + 1, 2), strict=True):
+        assert outcome.messages[-1] == messages[i - 1]
+        assert {"role": "user", "content": "Fix the bug."} in outcome.messages
+
+
+def test_regenerating_history_cuts_the_journal():
+    messages = agent(10)
+    journal = process(Journal(), messages, tools=None, policy=POLICY, model=NO_CACHE, counter=COUNTER).journal
+    edited = [*messages[:5], {**messages[5], "content": "something else entirely"}, *messages[6:8]]
+    outcome = process(journal, edited, tools=None, policy=POLICY, model=NO_CACHE, counter=COUNTER)
+    assert len(outcome.journal) == len(edited)
+    assert outcome.journal.digests[:5] == journal.digests[:5]
+    assert outcome.journal.digests[5] != journal.digests[5]
+
+
+def test_process_does_not_mutate_the_journal():
+    journal = replay(agent(5))[-1].journal
+    before = journal.to_dict()
+    process(journal, agent(6), tools=None, policy=POLICY, model=NO_CACHE, counter=COUNTER)
+    assert journal.to_dict() == before
+
+
+def test_a_new_duplicate_output_is_sent_as_a_reference():
+    messages = agent(3)
+    messages[5] = {**messages[5], "content": messages[3]["content"]}
+    out = process(Journal(), messages, tools=None, policy=POLICY, model=NO_CACHE, counter=COUNTER).messages
+    assert out[5]["content"] == "[same output as call c0 above]"
+    assert out[3] == messages[3]
+
+
+def test_capsules_are_injected_once_and_replayed_in_place():
+    capsules = [Capsule("tests", "convention", "Run the tests with pytest -q before you finish the bug fix.")]
+    policy = Policy(capsules=CapsulePolicy(budget_tokens=200))
+    outcomes = replay(agent(6), policy=policy, capsules=capsules)
+    first = outcomes[0]
+    assert first.report.diff.summary().startswith("added=1")
+    injected = [m for m in first.messages if "pytest -q" in str(m.get("content"))]
+    assert len(injected) == 1 and first.messages.index(injected[0]) == 1
+    for outcome in outcomes[1:]:
+        assert outcome.report.diff.summary().startswith("added=0 kept=1")
+        assert [m for m in outcome.messages if "pytest -q" in str(m.get("content"))] == injected
+        assert outcome.messages[1] == injected[0]
+
+
+def test_a_request_that_cannot_fit_is_rejected_like_openai():
+    tiny = ModelInfo(context_window=600, input_per_mtok=1.0, cached_input_per_mtok=1.0)
+    policy = Policy(reserve_output_tokens=100)
+    outcome = process(Journal(), agent(1, output_tokens=2000), tools=None, policy=policy, model=tiny, counter=COUNTER)
+    assert outcome.rejected and outcome.rejected.startswith("This model's maximum context length is 600 tokens")
+
+
+def test_truncation_error_rejects_instead_of_truncating():
+    small = ModelInfo(context_window=4000, input_per_mtok=1.0, cached_input_per_mtok=1.0)
+    policy = Policy(truncation="error", reserve_output_tokens=500, clear_tool_outputs=ClearPolicy(enabled=False))
+    outcome = process(Journal(), agent(20), tools=None, policy=policy, model=small, counter=COUNTER)
+    assert outcome.rejected is not None
+    assert outcome.report.removed == 0
+
+
+def test_headers_report_the_turn():
+    headers = replay(agent(3))[-1].report.headers()
+    assert set(headers) == {"X-Context-Tokens-Before", "X-Context-Tokens-After", "X-Context-Diff", "X-Context-Epoch"}
+    assert headers["X-Context-Diff"].startswith("added=0 kept=0 removed=0")
+
+
+@pytest.fixture(scope="module")
+def real_counter():
+    from proxy.tokens import counter_for
+
+    return counter_for("o200k_base")
+
+
+@pytest.mark.parametrize("name", TRACE_NAMES)
+def test_every_turn_of_every_trace_fits_a_32k_window_with_valid_pairing(name, real_counter):
+    trace = load(name)
+    info = model(32000, 0.5)
+    policy = policy_for(trace)
+    result = run(trace, policy, info, real_counter)
+    usable = info.context_window - policy.reserve_output_tokens
+    task = next(m for m in trace["messages"] if m["role"] == "user")
+    unchanged = total = 0
+    for request, outcome in zip(turns(trace), result.outcomes, strict=True):
+        assert outcome.rejected is None
+        assert outcome.report.tokens_after <= usable
+        assert check_pairing(outcome.messages) == []
+        assert outcome.messages[-1] == request[-1]
+        assert task in outcome.messages
+        sent = set(dumped(outcome.messages))
+        unchanged += sum(orjson.dumps(m) in sent for m in request[-6:])
+        total += len(request[-6:])
+    assert unchanged >= 0.95 * total
+    assert sum(o.report.epoch for o in result.outcomes) <= max(2, len(result.outcomes) // 4)
+
+
+@pytest.mark.parametrize("discount", [1.0, 0.5, 0.1])
+def test_the_proxy_never_bills_more_than_direct(discount, real_counter):
+    for name in TRACE_NAMES:
+        trace = load(name)
+        result = run(trace, policy_for(trace), model(128000, discount), real_counter)
+        assert result.proxied.billed <= result.direct.billed, name
