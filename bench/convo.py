@@ -36,7 +36,13 @@ def _units(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
             units.append([message])
         else:
             units[-1].append(message)
-    return [u for u in units if u[0].get("role") == "assistant"]
+    return [u for u in units if u[0].get("role") == "assistant" and _answered(u)]
+
+
+def _answered(unit: list[dict[str, Any]]) -> bool:
+    """Every tool call of the unit's assistant message has its result (the trace's last call has none)."""
+    calls = {c["id"] for c in unit[0].get("tool_calls") or ()}
+    return calls <= {m.get("tool_call_id") for m in unit[1:]}
 
 
 class Conversation:
