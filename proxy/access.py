@@ -1,0 +1,114 @@
+"""Who may use the proxy, and what a client may not smuggle through it.
+
+Access keys come from `[auth] keys_env` (comma-separated, read per request so a rotated
+key takes effect without a restart). A client presents one as `Authorization: Bearer`
+or, when its own `Authorization` carries an upstream key, as `X-Proxy-Key`. A proxy key
+is never forwarded: `X-Proxy-Key` is removed, and a proxy key presented as Bearer is
+dropped unless `upstream.api_key_env` replaces it anyway. `/healthz`, `/metrics` and
+`/sessions` are not gated here (the last two have the admin token, in server.py).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.config import ConfigHolder, Settings
+from proxy.errors import error_response
+
+PROXY_KEY_HEADER = "X-Proxy-Key"
+GATED_PREFIXES = ("/v1/", "/s/")
+_LINE_BREAKS = ("\r", "\n", "\x00")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def access_keys(settings: Settings) -> tuple[str, ...]:
+    """The proxy access keys in force; empty means the proxy is open."""
+    env = settings.auth.keys_env
+    if not env:
+        return ()
+    return tuple(k.strip() for k in os.environ.get(env, "").split(",") if k.strip())
+
+
+def _bearer(headers: CIMultiDict[str] | web.Request) -> str:
+    value = headers.get("Authorization", "")
+    return value[7:].strip() if value[:7].lower() == "bearer " else ""
+
+
+def _matches(presented: str, keys: tuple[str, ...]) -> bool:
+    """Constant-time over every key, so timing says nothing about which one nearly matched."""
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(presented.encode(), key.encode())
+    return found and bool(presented)
+
+
+def unsafe_header(headers: CIMultiDict[str]) -> str | None:
+    """The name of the first header whose name or value holds CR, LF or NUL (it could split a forwarded header)."""
+    for name, value in headers.items():
+        if any(c in name or c in value for c in _LINE_BREAKS):
+            return name
+    return None
+
+
+def exposure_problem(host: str, settings: Settings) -> str | None:
+    """Why binding `host` is unsafe: off loopback, /sessions and /metrics need `server.admin_token_env` set."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    env = settings.server.admin_token_env
+    if loopback or (env and os.environ.get(env)):
+        return None
+    return f"binding {host} exposes /sessions and /metrics: set [server] admin_token_env to a variable holding a token"
+
+
+def check_request(request: web.Request, settings: Settings) -> web.Response | CIMultiDict[str] | None:
+    """A refusal, the headers to continue with (proxy key removed), or None to continue unchanged."""
+    if (name := unsafe_header(request.headers)) is not None:
+        return error_response(400, f"Header {name[:40]!r} contains a line break.", "invalid_header")
+    if not request.path.startswith(GATED_PREFIXES):
+        return None
+    keys = access_keys(settings)
+    explicit = request.headers.get(PROXY_KEY_HEADER)
+    if not keys:
+        return _without(request.headers, PROXY_KEY_HEADER) if explicit is not None else None
+    bearer = _bearer(request)
+    presented = explicit if explicit is not None else bearer
+    if not _matches(presented.strip(), keys):
+        return error_response(
+            401,
+            f"This proxy needs an access key: send it as 'Authorization: Bearer <key>' or '{PROXY_KEY_HEADER}'.",
+            "invalid_proxy_key",
+        )
+    if explicit is None and not settings.upstream.api_key_env:
+        return _without(request.headers, "Authorization")  # the proxy key is not the upstream's credential
+    return _without(request.headers, PROXY_KEY_HEADER) if explicit is not None else None
+
+
+def _without(headers: CIMultiDict[str], name: str) -> CIMultiDict[str]:
+    out = CIMultiDict(headers)
+    out.popall(name, None)
+    return out
+
+
+def access_middleware(holder: ConfigHolder) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """The aiohttp middleware: install it after server.py's `observe`, so refusals are counted."""
+
+    @web.middleware
+    async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        verdict = check_request(request, holder.settings)
+        if isinstance(verdict, web.Response):
+            return verdict
+        if verdict is not None:
+            request = request.clone(headers=verdict)
+        return await handler(request)
+
+    access.is_access_middleware = True  # type: ignore[attr-defined]
+    return access

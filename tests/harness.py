@@ -1,0 +1,162 @@
+"""A real proxy in front of the simulator, both on 127.0.0.1 ephemeral ports, for the robustness tests.
+
+`Rig` starts the simulator (or takes any upstream URL), builds Settings in code and serves
+the proxy with the access middleware installed; the tests talk to it over real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from proxy.access import access_middleware
+from proxy.config import AuthConfig, ConfigHolder, ServerConfig, Settings, StateConfig, UpstreamConfig
+from proxy.server import UPSTREAM, PathAccessLogger, create_app
+from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
+
+
+def engine_available() -> bool:
+    """chat.py and its pipeline are importable (they land separately from the shell)."""
+    try:
+        import proxy.chat  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_settings(upstream_url: str, **sections: Any) -> Settings:
+    """Settings for tests: `server=`, `upstream=`, `state=`, `auth=` dicts override the defaults."""
+    settings = Settings(upstream=UpstreamConfig(base_url=upstream_url, connect_timeout_s=2, read_timeout_s=5))
+    classes = {"server": ServerConfig, "upstream": UpstreamConfig, "state": StateConfig, "auth": AuthConfig}
+    for name, overrides in sections.items():
+        if name == "policy":
+            from proxy.context.policy import policy_from_dict
+
+            settings = replace(settings, policy_data=overrides, policy=policy_from_dict(overrides))
+            continue
+        assert name in classes, name
+        settings = replace(settings, **{name: replace(getattr(settings, name), **overrides)})
+    return settings
+
+
+async def serve_proxy(holder: ConfigHolder, context: Any = None) -> tuple[web.AppRunner, int]:
+    """server.start(), with proxy.access installed if server.py does not install it yet."""
+    app = create_app(holder, context=context)
+    if not any(getattr(m, "is_access_middleware", False) for m in app.middlewares):
+        app.middlewares.append(access_middleware(holder))
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log_class=PathAccessLogger,
+        access_log=logging.getLogger("proxy.access"),
+        shutdown_timeout=1.0,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+@dataclass
+class Rig:
+    """A running simulator and proxy; `await rig.close()` stops both."""
+
+    holder: ConfigHolder
+    proxy_runner: web.AppRunner
+    port: int
+    sim_runner: web.AppRunner | None = None
+    context: Any = None
+    sim_url: str = ""  # the upstream's base URL, ending in /v1
+    extra: list[web.AppRunner] = field(default_factory=list)
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.root}/v1"
+
+    @property
+    def sim(self) -> Simulator:
+        assert self.sim_runner is not None
+        return self.sim_runner.app[SIMULATOR]
+
+    @property
+    def connector(self) -> aiohttp.BaseConnector:
+        session = self.proxy_runner.app[UPSTREAM]._session
+        assert session is not None
+        return session.connector
+
+    def upstream_in_use(self) -> int:
+        """Upstream connections checked out of the proxy's pool right now."""
+        return len(self.connector._acquired)  # type: ignore[attr-defined]
+
+    async def close(self) -> None:
+        await self.proxy_runner.cleanup()
+        store = getattr(self.context, "store", None)
+        if store is not None:
+            store.close()
+        for runner in [self.sim_runner, *self.extra]:
+            if runner is not None:
+                await runner.cleanup()
+
+
+async def start_rig(
+    *,
+    sim_config: SimulatorConfig | None = None,
+    upstream_url: str | None = None,
+    engine: bool = False,
+    **sections: Any,
+) -> Rig:
+    """Simulator (unless `upstream_url`) + proxy; `engine=True` runs the real ContextService."""
+    sim_runner = None
+    if upstream_url is None:
+        sim_runner, upstream_url = await start_simulator(sim_config)
+    holder = ConfigHolder(make_settings(upstream_url, **sections))
+    context = None
+    if engine:
+        from proxy.chat import build_context_service
+
+        context = build_context_service(holder)
+    runner, port = await serve_proxy(holder, context)
+    return Rig(holder, runner, port, sim_runner, context, upstream_url)
+
+
+def chat_body(text: str = "Say hello.", *, stream: bool = False, model: str = "gpt-4o", **extra: Any) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": text}], "stream": stream, **extra}
+
+
+async def settle(predicate: Any, timeout: float = 2.0, step: float = 0.01) -> bool:
+    """Poll `predicate()` until true or `timeout`; True if it became true."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if predicate():
+            return True
+        await asyncio.sleep(step)
+    return bool(predicate())
+
+
+def is_openai_error(payload: Any) -> bool:
+    """OpenAI's error shape: {"error": {"message": str, "type": str, "code": ...}}."""
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return (
+        isinstance(error, dict)
+        and isinstance(error.get("message"), str)
+        and isinstance(error.get("type"), str)
+        and "code" in error
+    )
