@@ -36,7 +36,7 @@ def access_keys(settings: Settings) -> tuple[str, ...]:
     return tuple(k.strip() for k in os.environ.get(env, "").split(",") if k.strip())
 
 
-def _bearer(headers: CIMultiDict[str] | web.Request) -> str:
+def _bearer(headers: CIMultiDict[str]) -> str:
     value = headers.get("Authorization", "")
     return value[7:].strip() if value[:7].lower() == "bearer " else ""
 
@@ -79,7 +79,7 @@ def check_request(request: web.Request, settings: Settings) -> web.Response | CI
     explicit = request.headers.get(PROXY_KEY_HEADER)
     if not keys:
         return _without(request.headers, PROXY_KEY_HEADER) if explicit is not None else None
-    bearer = _bearer(request)
+    bearer = _bearer(request.headers)
     presented = explicit if explicit is not None else bearer
     if not _matches(presented.strip(), keys):
         return error_response(

@@ -52,9 +52,11 @@ def make_settings(upstream_url: str, **sections: Any) -> Settings:
     return settings
 
 
-async def serve_proxy(holder: ConfigHolder, context: Any = None) -> tuple[web.AppRunner, int]:
-    """server.start(), with proxy.access installed if server.py does not install it yet."""
+async def serve_proxy(holder: ConfigHolder, context: Any = None, outer: tuple = ()) -> tuple[web.AppRunner, int]:
+    """server.start(), with proxy.access installed if server.py does not install it yet; `outer` middlewares first."""
     app = create_app(holder, context=context)
+    for middleware in reversed(outer):
+        app.middlewares.insert(0, middleware)
     if not any(getattr(m, "is_access_middleware", False) for m in app.middlewares):
         app.middlewares.append(access_middleware(holder))
     runner = web.AppRunner(
@@ -120,6 +122,7 @@ async def start_rig(
     sim_config: SimulatorConfig | None = None,
     upstream_url: str | None = None,
     engine: bool = False,
+    outer: tuple = (),
     **sections: Any,
 ) -> Rig:
     """Simulator (unless `upstream_url`) + proxy; `engine=True` runs the real ContextService."""
@@ -132,7 +135,7 @@ async def start_rig(
         from proxy.chat import build_context_service
 
         context = build_context_service(holder)
-    runner, port = await serve_proxy(holder, context)
+    runner, port = await serve_proxy(holder, context, outer)
     return Rig(holder, runner, port, sim_runner, context, upstream_url)
 
 
