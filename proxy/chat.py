@@ -91,10 +91,6 @@ class _Inputs:
             correction=correction,
         )
 
-    def estimate(self, messages: list[dict[str, Any]]) -> int:
-        """Our uncorrected count of a request: messages with framing, plus the tools schema."""
-        return self.counter.count_messages(messages) + self.counter.count_tools(self.tools)
-
 
 class ChatTurn:
     """One prepared request (`proxy.turns.PreparedTurn`): the body to send and what to learn from the answer."""
@@ -112,10 +108,16 @@ class ChatTurn:
         self.strip_usage_chunk = False
         self.stats = TurnStats(report={})
         self.outcome: Outcome | None = None
+        self.correction = 1.0
 
-    def apply(self, outcome: Outcome, *, retried: bool = False) -> None:
+    @property
+    def estimate(self) -> float:
+        """Our uncorrected count of what was sent (the report's count carries the correction)."""
+        return self.outcome.report.tokens_after / self.correction if self.outcome and self.correction > 0 else 0.0
+
+    def apply(self, outcome: Outcome, correction: float, *, retried: bool = False) -> None:
         """Adopt an outcome: the session's journal, the body, headers and this turn's report."""
-        self.outcome = outcome
+        self.outcome, self.correction = outcome, correction
         self.session.journal = outcome.journal
         self.body = {**self.client_body, "messages": outcome.messages}
         if self.client_body.get("stream") is True:
@@ -136,13 +138,13 @@ class ChatTurn:
             return
         prompt, cached = numbers
         report = self.outcome.report
-        estimate = self.inputs.estimate(self.outcome.messages)
-        self.service.learn_ratio(self.inputs.model_name, prompt, estimate)
+        self.service.learn_ratio(self.inputs.model_name, prompt, self.estimate)
         # The unedited request, scaled by the same upstream/estimate ratio; its cache would have held
         # the previous turn's unedited prompt (a client that only appends never breaks its own prefix).
         scale = prompt / report.tokens_after if report.tokens_after else 1.0
-        direct_prompt = max(prompt, round(report.tokens_before * scale))
-        direct_cached = min(self.session.direct_prompt_tokens, direct_prompt) if cached else 0
+        direct_prompt = round(report.tokens_before * scale)
+        caching = self.inputs.model.cache_discount < 1
+        direct_cached = min(self.session.direct_prompt_tokens, direct_prompt) if caching else 0
         self.session.direct_prompt_tokens = direct_prompt
         stats = self.stats
         stats.prompt_tokens, stats.cached_tokens = prompt, cached
@@ -158,19 +160,17 @@ class ChatTurn:
 
     def refit(self, reported_prompt_tokens: int) -> dict | None:
         """Re-run the turn from the journal as it was before it, with our count scaled to the upstream's."""
-        if self.outcome is None or self.stats.retried or reported_prompt_tokens <= 0:
+        if self.outcome is None or self.stats.retried or reported_prompt_tokens <= 0 or self.estimate <= 0:
             return None
-        estimate = self.inputs.estimate(self.outcome.messages)
-        if estimate <= 0:
-            return None
-        correction = min(REFIT_MAX_CORRECTION, reported_prompt_tokens / estimate * REFIT_MARGIN)
-        self.session.correction = max(self.session.correction, correction)
+        learned = min(REFIT_MAX_CORRECTION, reported_prompt_tokens / self.estimate * REFIT_MARGIN)
+        self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
-        outcome = self.inputs.run(self.journal_before, self.service.correction_for(self.session, self.inputs))
+        correction = self.service.correction_for(self.session, self.inputs)
+        outcome = self.inputs.run(self.journal_before, correction)
         self.stats.retried = True
         if outcome.rejected or outcome.messages == self.outcome.messages:
             return None
-        self.apply(outcome, retried=True)
+        self.apply(outcome, correction, retried=True)
         return self.body
 
 
@@ -200,12 +200,13 @@ class ContextService:
         )
         session = self.store.get(session_id)
         session.policy = policy.name
-        outcome = inputs.run(session.journal, self.correction_for(session, inputs))
+        correction = self.correction_for(session, inputs)
+        outcome = inputs.run(session.journal, correction)
         if outcome.rejected:
             raise Rejected(400, outcome.rejected, "context_length_exceeded")
         turn = ChatTurn(self, session, inputs, body, journal_before=session.journal)
         session.add_turn(turn.stats)
-        turn.apply(outcome)
+        turn.apply(outcome, correction)
         self._count(policy.name, outcome)
         return turn
 
@@ -213,7 +214,7 @@ class ContextService:
         """The model's learned ratio, never below what a retry taught this session."""
         return max(self.ratios.get(inputs.model_name, 1.0), session.correction)
 
-    def learn_ratio(self, model_name: str, prompt_tokens: int, estimate: int) -> None:
+    def learn_ratio(self, model_name: str, prompt_tokens: int, estimate: float) -> None:
         if estimate < RATIO_MIN_ESTIMATE:
             return
         observed = min(RATIO_BOUNDS[1], max(RATIO_BOUNDS[0], prompt_tokens / estimate))

@@ -209,6 +209,7 @@ async def test_metrics_are_per_policy_never_per_session(rig: Rig, sim: Any) -> N
         await ask(rig, history[: 2 + 2 * n], extra_headers={"X-Session-Id": "agent-metrics"})
     assert chat.TOKENS_BEFORE.value(policy="agents") > before
     assert chat.EPOCHS.value(policy="agents") > epochs
+    assert 1.0 <= rig.context.ratios[MODEL] < 1.1  # learned from usage: the simulator counts a little more
     async with aiohttp.ClientSession() as http, http.get(rig.root + "/metrics") as response:
         text = await response.text()
     assert 'context_tokens_saved_total{policy="agents"}' in text
