@@ -1,4 +1,4 @@
-"""`python -m bench KIND [--json FILE]`: run one benchmark and print its table."""
+"""`python -m bench overhead|scaling|memory|savings|profile|smoke [-n N] [--json FILE]`: run, print the table."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from typing import Any
 
 import orjson
 
+Runner = Callable[[argparse.Namespace], tuple[Any, Callable[[Any], str]]]
+
 
 def _overhead(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import overhead
 
-    return asyncio.run(overhead.run_overhead(n=ns.n or 600, n_concurrent=(ns.n or 600) * 4)), overhead.render
+    n = ns.n or 600
+    return asyncio.run(overhead.run_overhead(n=n, n_concurrent=n * 4)), overhead.render
 
 
 def _scaling(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -25,16 +28,46 @@ def _scaling(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return scaling.run_scaling(warm_turns=ns.n or 9), scaling.render
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], tuple[Any, Callable[[Any], str]]]] = {
+def _memory(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import memory
+
+    return asyncio.run(memory.run_memory(requests=ns.n or 10_000)), memory.render
+
+
+def _savings(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import savings
+
+    return asyncio.run(savings.run_savings(limit=ns.n or None)), savings.render
+
+
+def _profile(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import profile
+
+    return profile.run_profile(turns=ns.n or 60), profile.render
+
+
+def _smoke(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import smoke
+
+    return smoke.run_smoke(), smoke.render
+
+
+COMMANDS: dict[str, Runner] = {
     "overhead": _overhead,
     "scaling": _scaling,
+    "memory": _memory,
+    "savings": _savings,
+    "profile": _profile,
+    "smoke": _smoke,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("kind", choices=sorted(COMMANDS))
-    parser.add_argument("-n", type=int, default=0, help="requests or turns per measurement (default: each's own)")
+    parser.add_argument("kind", choices=list(COMMANDS))
+    parser.add_argument(
+        "-n", type=int, default=0, help="requests (overhead, memory), warm turns (scaling, profile), turns (savings)"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the raw result as JSON")
     ns = parser.parse_args(argv)
     started = time.monotonic()

@@ -95,18 +95,20 @@ async def _peak_rss(server: Server, work: asyncio.Future, every_s: float = 0.02)
 
 def _big_body(salt: str, size: int) -> bytes:
     conv = Conversation(salt)
-    tokens = 200_000
+    tokens = size // 5  # about 4 bytes of JSON per token
     while True:
         conv.grow_to(tokens)
         raw = orjson.dumps({"model": STREAM_MODEL, "messages": conv.messages, "tools": conv.tools, "stream": True})
         if len(raw) >= size:
             return raw
-        tokens += 10_000
+        tokens += max(1000, size // 50)
 
 
-async def _streams_rss(server: Server, client: aiohttp.ClientSession, streams: int, size: int) -> dict[str, Any]:
+async def _streams_rss(
+    server: Server, client: aiohttp.ClientSession, streams: int, size: int, delay_ms: int
+) -> dict[str, Any]:
     """Peak RSS added per concurrent stream of a `size`-byte request (slow upstream: all in flight at once)."""
-    slow = {"X-Sim-Delay-Ms": "100", "X-Sim-Chunks": "16"}
+    slow = {"X-Sim-Delay-Ms": str(delay_ms), "X-Sim-Chunks": "16"}
     await _post(client, server.url, _big_body("stream-warm", size), _headers("bench-stream-warm", **slow))
     bodies = [_big_body(f"stream-{i}-{time.monotonic_ns()}", size) for i in range(streams)]
     gc.collect()
@@ -149,9 +151,17 @@ async def _slope(server: Server, client: aiohttp.ClientSession, requests: int, c
 
 
 async def run_memory(
-    sessions: int = 8, tokens: int = 100_000, streams: int = 8, stream_bytes: int = MB, requests: int = 10_000
+    sessions: int = 8,
+    tokens: int = 100_000,
+    streams: int = 8,
+    stream_bytes: int = MB,
+    requests: int = 10_000,
+    stream_delay_ms: int = 100,
+    servers: Servers | None = None,
 ) -> dict[str, Any]:
-    servers = Servers()
+    """Every memory figure; `servers` (else a fresh trio) should not have served anything yet."""
+    own = servers is None
+    servers = servers or Servers()
     try:
         idle = {"proxy": servers.proxy.rss_bytes(), "relay": servers.relay.rss_bytes()}
         out: dict[str, Any] = {"engine": servers.proxy.engine, "idle_rss": idle}
@@ -166,7 +176,7 @@ async def run_memory(
                 "tokens": tokens,
             }
             out["streams"] = {
-                t: await _streams_rss(s, client, streams, stream_bytes)
+                t: await _streams_rss(s, client, streams, stream_bytes, stream_delay_ms)
                 for t, s in (("relay", servers.relay), ("proxy", servers.proxy))
             }
             out["streams"]["streams"], out["streams"]["request_bytes"] = streams, stream_bytes
@@ -175,7 +185,8 @@ async def run_memory(
             }
         return out
     finally:
-        servers.close()
+        if own:
+            servers.close()
 
 
 def render(result: dict[str, Any]) -> str:
@@ -185,7 +196,7 @@ def render(result: dict[str, Any]) -> str:
     rows = [
         ["idle RSS at start (MB)", idle["relay"] / MB, idle["proxy"] / MB, idle["proxy"] / idle["relay"]],
         ["idle RSS after one request (MB)", warm["relay"] / MB, warm["proxy"] / MB, warm["proxy"] / warm["relay"]],
-        [f"per in-flight stream of a {streams['request_bytes'] / MB:.0f} MB request, peak (MB)",
+        [f"per in-flight stream of a {streams['request_bytes'] / 1024:,.0f} KB request, peak (MB)",
          streams["relay"]["rss_per_stream"] / MB, streams["proxy"]["rss_per_stream"] / MB,
          streams["proxy"]["rss_per_stream"] / max(1, streams["relay"]["rss_per_stream"])],
         ["... left after the streams end, per stream (MB)", streams["relay"]["after_per_stream"] / MB,

@@ -177,10 +177,15 @@ async def forwarding_check(servers: Servers, chunks: int = 32, delay_ms: int = 3
 
 
 async def run_overhead(
-    n: int = 300, n_concurrent: int = 1200, concurrency: int = 16, rounds: int = 4, chunks: int = 16
+    n: int = 300,
+    n_concurrent: int = 1200,
+    concurrency: int = 16,
+    rounds: int = 4,
+    servers: Servers | None = None,
 ) -> dict[str, Any]:
     """Every mode: non-streaming and streaming at concurrency 1 and `concurrency`, plus the forwarding check."""
-    servers = Servers(chunks=chunks)
+    own = servers is None
+    servers = servers or Servers()
     try:
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector) as client:
@@ -191,7 +196,8 @@ async def run_overhead(
         check = await forwarding_check(servers)
         return {"engine": servers.proxy.engine, "modes": modes, "forwarding": check}
     finally:
-        servers.close()
+        if own:
+            servers.close()
 
 
 def render(result: dict[str, Any]) -> str:
