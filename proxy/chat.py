@@ -18,7 +18,7 @@ from proxy.context.capsules import Capsule
 from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ModelInfo, Policy
 from proxy.metrics import METRICS
-from proxy.sessions import Session, TurnStats, cost_usd, session_id_for
+from proxy.sessions import Session, TurnStats, cost_usd, scoped_key, session_id_for, visible_id
 from proxy.state import SessionStore
 from proxy.tokens import TokenCounter, counter_for
 from proxy.turns import Rejected
@@ -198,7 +198,7 @@ class ContextService:
             capsules=tuple(_capsule(s) for s in specs),
             max_output_tokens=_max_output_tokens(body),
         )
-        session = self.store.get(session_id)
+        session = self.store.get(scoped_key(session_id, credential))
         session.policy = policy.name
         correction = self.correction_for(session, inputs)
         outcome = inputs.run(session.journal, correction)
@@ -230,6 +230,9 @@ class ContextService:
     def session_json(self, session_id: str) -> dict[str, Any] | None:
         """`GET /sessions/{id}`: per turn, what the engine did and what the upstream billed."""
         session = self.store.peek(session_id)
+        if session is None:  # the id as the client named it: the most recent client's session of that name
+            named = [s for s in self.store if visible_id(s.id) == session_id]
+            session = max(named, key=lambda s: s.last_seen, default=None)
         return session.to_dict() if session is not None else None
 
     def _count(self, policy: str, outcome: Outcome) -> None:

@@ -81,6 +81,23 @@ def session_id_for(
     return fingerprint(credential, body)
 
 
+def scoped_key(session_id: str, credential: str) -> str:
+    """Where a session's state is kept: a named session is scoped by the client's credential.
+
+    Two clients that pick the same `X-Session-Id` (or `/s/{id}`) never read or disturb each
+    other's journal; a fingerprinted id already includes the credential.
+    """
+    if not credential or session_id.startswith("fp-"):
+        return session_id
+    client = hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{session_id}@{client}"
+
+
+def visible_id(key: str) -> str:
+    """The session id as the client named it, without the credential scope."""
+    return key.rsplit("@", 1)[0] if "@" in key else key
+
+
 def cost_usd(model: ModelInfo, prompt_tokens: int, cached_tokens: int) -> float:
     """Input cost of one request: uncached tokens at the input price, cached ones at the cached price."""
     cached = max(0, min(cached_tokens, prompt_tokens))
@@ -144,7 +161,8 @@ class Session:
         """The `GET /sessions` row: no message text."""
         last = self.turns[-1].report if self.turns else {}
         return {
-            "id": self.id,
+            "id": visible_id(self.id),
+            "key": self.id,  # the id scoped by the client's credential: where the state is kept
             "policy": self.policy,
             "turns": self.turn_count,
             "tokens_before": last.get("tokens_before"),

@@ -190,6 +190,21 @@ async def test_two_users_with_the_same_system_prompt_never_share_a_session(rig: 
     assert rows[1]["tokens_before"] < rows[3]["tokens_before"]
 
 
+async def test_two_clients_naming_the_same_session_never_share_its_state(rig: Rig, sim: Any) -> None:
+    long_history = agent_turns(12)
+    same = {"X-Session-Id": "agent-shared"}
+    for n in (4, 8, 12):
+        await ask(rig, long_history[: 2 + 2 * n], key="sk-user-a", extra_headers=same)
+    await ask(rig, [SYSTEM, TASK], key="sk-user-b", extra_headers=same)
+    assert upstream_messages(sim) == [canonical_bytes(SYSTEM), canonical_bytes(TASK)]
+
+    rows = [row for row in await get_json(rig, "/sessions") if row["id"] == "agent-shared"]
+    assert sorted(row["turns"] for row in rows) == [1, 3]
+    assert rows[0]["key"] != rows[1]["key"]
+    await ask(rig, long_history[: 2 + 2 * 12], key="sk-user-a", extra_headers=same)
+    assert (await get_json(rig, "/sessions/" + rows[[r["turns"] for r in rows].index(3)]["key"]))["turns"] == 4
+
+
 async def test_sessions_beyond_max_sessions_are_evicted_oldest_first(tmp_path: Path, sim: Any) -> None:
     rig = await start(tmp_path, sim.url, max_sessions=2)
     try:

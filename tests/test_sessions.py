@@ -99,6 +99,7 @@ def test_session_report_has_no_message_text() -> None:
     session.add_turn(TurnStats(report={"turn": 1, "tokens_before": 10, "tokens_after": 8}, prompt_tokens=9))
     assert session.summary() == {
         "id": "s",
+        "key": "s",
         "policy": "default",
         "turns": 1,
         "tokens_before": 10,
