@@ -215,10 +215,13 @@ def load_settings(path: str | Path | None = None, upstream_url: str | None = Non
     upstream = _section(UpstreamConfig, data.get("upstream"), path, "upstream")
     if upstream_url:
         upstream = replace(upstream, base_url=upstream_url)
+    state = _section(StateConfig, data.get("state"), path, "state")
+    if state.path and not Path(state.path).is_absolute():  # relative to the config file, not the cwd
+        state = replace(state, path=str(path.parent / state.path))
     settings = Settings(
         server=_section(ServerConfig, data.get("server"), path, "server"),
         upstream=upstream,
-        state=_section(StateConfig, data.get("state"), path, "state"),
+        state=state,
         auth=_section(AuthConfig, data.get("auth"), path, "auth"),
         models=_models(data.get("models", {}), path),
         default_encoding=str(data.get("default_encoding", "o200k_base")),

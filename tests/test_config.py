@@ -101,3 +101,9 @@ def test_reload_takes_a_good_change_and_keeps_the_last_good_on_a_broken_one(conf
     assert holder.reload_if_changed() is False
     assert "example.toml" in (holder.last_error or "")
     assert holder.settings.policy_for("agent-1")[0].clear_tool_outputs.keep_tokens == 4000
+
+
+def test_a_relative_state_path_is_relative_to_the_config_file(config_dir: Path) -> None:
+    toml = config_dir / "proxy.toml"
+    toml.write_text(toml.read_text().replace('path = ""', 'path = "state/journals.sqlite"'))
+    assert load_settings(toml).state.path == str(config_dir / "state" / "journals.sqlite")
