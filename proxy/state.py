@@ -64,6 +64,7 @@ class SessionStore:
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
