@@ -46,36 +46,7 @@ class Outcome:
     rejected: str | None = None
 
 
-class _TextCache:
-    """A counter whose text counts are cached by digest: plans and capsule scoring re-count the same texts."""
-
-    def __init__(self, counter: Counter, size: int = 50_000) -> None:
-        self.counter = counter
-        self.size = size
-        self.texts: OrderedDict[bytes, int] = OrderedDict()
-
-    def count_text(self, text: str) -> int:
-        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
-        n = self.texts.get(key)
-        if n is None:
-            n = self.texts[key] = self.counter.count_text(text)
-            if len(self.texts) > self.size:
-                self.texts.popitem(last=False)
-        return n
-
-    def count_message(self, message: dict[str, Any]) -> int:
-        return self.counter.count_message(message)
-
-
-_text_caches: dict[int, _TextCache] = {}
 _cuts: OrderedDict[tuple[bytes, int], Any] = OrderedDict()  # (digest, max_tokens) -> cut content
-
-
-def _cached(counter: Counter) -> _TextCache:
-    cache = _text_caches.get(id(counter))
-    if cache is None or cache.counter is not counter:
-        cache = _text_caches[id(counter)] = _TextCache(counter)
-    return cache
 
 
 @dataclass
@@ -86,7 +57,7 @@ class _Turn:
     state: Journal
     policy: Policy
     model: ModelInfo
-    counter: _TextCache
+    counter: Counter
     usable: int
     fixed: int  # the tools schema and the reply priming
     correction: float
@@ -174,15 +145,14 @@ def process(
 ) -> Outcome:
     """The messages to forward for this turn; does not mutate `journal`."""
     state = journal.copy()
-    cached = _cached(counter)
     reserve = max_output_tokens or policy.reserve_output_tokens
-    tools_tokens = cached.count_text(_tools_text(tools)) if tools else 0
+    tools_tokens = counter.count_text(_tools_text(tools)) if tools else 0
     turn = _Turn(
         messages=messages,
         state=state,
         policy=policy,
         model=model,
-        counter=cached,
+        counter=counter,
         usable=max(0, model.context_window - reserve),
         fixed=tools_tokens + REPLY_PRIMING,
         correction=correction,
