@@ -8,7 +8,6 @@ rare batches, only when the window demands them or the cache economics say they 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from collections import OrderedDict
@@ -16,14 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy.context.capsules import Capsule, ContextRequest, select_capsules
+from proxy.context.capsules import Capsule
 from proxy.context.clearing import PLACEHOLDER, ClearPlan, ClearToolOutputs
 from proxy.context.dedup import MIN_TOKENS, body_digest, duplicates, reference, with_reference
-from proxy.context.diff import ContextBlock, ContextDiff, build_context_diff
 from proxy.context.economics import epoch_pays
 from proxy.context.fitting import cut_oversized, fit_messages, omission_note, oversized_limit
+from proxy.context.inject import inject_capsules
 from proxy.context.journal import CLEARED, CUT, DEDUPED, DROPPED, KEEP, KEPT, Decision, Injection, Journal, TurnReport
-from proxy.context.messages import Message, compile_patterns, content_text, is_tool_output, message_digest
+from proxy.context.messages import Message, compile_patterns, is_tool_output, message_digest
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.tokens import REPLY_PRIMING, Counter, canonical_bytes
 
@@ -31,7 +30,6 @@ __all__ = ["Outcome", "TurnReport", "process"]
 
 _CLEARED = Decision(CLEARED)
 _DROPPED = Decision(DROPPED)
-CAPSULE_HEADER = "Context for this conversation:"
 # Tool outputs among the last this many messages are never cleared, whatever `keep_tokens` says.
 RECENT_MESSAGES = 6
 
@@ -169,7 +167,7 @@ def process(
         new_out, counts = turn.render()
         report.first_changed = _first_difference(out, new_out)
         out = new_out
-    report.diff = _inject(turn, capsules)
+    report.diff = inject_capsules(state, messages, turn.first_new, policy.capsules, counter, capsules)
     if report.diff.added:
         out, counts = turn.render()
     report.tokens_after = turn.total(counts)
@@ -390,65 +388,6 @@ def _first_difference(before: list[Message], after: list[Message]) -> int | None
         if old is not new and old != new:
             return k
     return None if len(before) == len(after) else min(len(before), len(after))
-
-
-def _inject(turn: _Turn, capsules: Sequence[Capsule]) -> ContextDiff:
-    """Select this turn's capsules; inject only those new to the conversation, in one system message."""
-    state = turn.state
-    if not capsules and not state.snapshot:
-        return ContextDiff()
-    chosen = _select(turn, capsules)
-    now = [ContextBlock(c.id, _text_key(c.text), c.kind, turn.counter.count_text(c.text)) for c in chosen]
-    diff = build_context_diff(state.snapshot, now)
-    present = state.injected()
-    added = {b.anchor for b in diff.added}
-    fresh = [c for c in chosen if c.id in added and _key(c) not in present]
-    anchor = _anchor(turn.messages, turn.first_new)
-    if fresh and anchor is None:
-        deferred = {c.id for c in fresh}
-        state.snapshot = [b for b in now if b.anchor not in deferred]
-        return diff
-    if fresh:
-        text = "\n\n".join([CAPSULE_HEADER, *(f"[{c.kind}: {c.id}]\n{c.text}" for c in fresh)])
-        state.injections.append(Injection(anchor, tuple(_key(c) for c in fresh), text))
-    state.snapshot = now
-    return diff
-
-
-def _select(turn: _Turn, capsules: Sequence[Capsule]) -> list[Capsule]:
-    wanted = turn.policy.capsules
-    query = next((content_text(m) or "" for m in reversed(turn.messages) if m.get("role") == "user"), "")
-    request = ContextRequest(
-        query=query,
-        budget_tokens=wanted.budget_tokens,
-        tags=list(wanted.tags),
-        min_score=wanted.min_score,
-        max_capsules=wanted.max_capsules,
-        prefer_roles=list(wanted.prefer_roles),
-        kinds=list(wanted.kinds),
-    )
-    return select_capsules(request, capsules, turn.counter).capsules
-
-
-def _text_key(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
-def _key(capsule: Capsule) -> str:
-    return f"{capsule.id}#{_text_key(capsule.text)}"
-
-
-def _anchor(messages: Sequence[Message], first_new: int) -> int | None:
-    """Where new capsules go: before the last user message if it is new, else before the first new unit.
-
-    Never inside the prefix last turn sent (that would re-bill it) nor between a call and its results.
-    """
-    for i in range(len(messages) - 1, first_new - 1, -1):
-        if messages[i].get("role") == "user":
-            return i
-    if first_new < len(messages) and messages[first_new].get("role") != "tool":
-        return first_new
-    return None
 
 
 def _check(turn: _Turn, tokens: int, reserve: int) -> str | None:

@@ -1,0 +1,87 @@
+"""Capsules (seed `ContextRequest`) injected per turn, diffed (seed `ContextDiff`) against the last.
+
+Only capsules new to the conversation are injected, in one system message placed after
+the prefix the upstream has cached; kept ones stay where they were first injected (the
+journal replays them), so nothing is sent twice and the cached prefix is never touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from proxy.context.capsules import Capsule, ContextRequest, select_capsules
+from proxy.context.diff import ContextBlock, ContextDiff, build_context_diff
+from proxy.context.journal import Injection, Journal
+from proxy.context.messages import Message, content_text
+from proxy.context.policy import CapsulePolicy
+from proxy.context.tokens import Counter
+
+CAPSULE_HEADER = "Context for this conversation:"
+
+
+def inject_capsules(
+    state: Journal,
+    messages: Sequence[Message],
+    first_new: int,
+    wanted: CapsulePolicy,
+    counter: Counter,
+    capsules: Sequence[Capsule],
+) -> ContextDiff:
+    """Select this turn's capsules; inject only those new to the conversation, in one system message."""
+    if not capsules and not state.snapshot:
+        return ContextDiff()
+    chosen = _select(messages, wanted, counter, capsules)
+    now = [ContextBlock(c.id, _text_key(c.text), c.kind, counter.count_text(c.text)) for c in chosen]
+    diff = build_context_diff(state.snapshot, now)
+    present = state.injected()
+    added = {b.anchor for b in diff.added}
+    fresh = [c for c in chosen if c.id in added and _key(c) not in present]
+    anchor = _anchor(messages, first_new)
+    if fresh and anchor is None:
+        deferred = {c.id for c in fresh}
+        state.snapshot = [b for b in now if b.anchor not in deferred]
+        return diff
+    if fresh:
+        text = "\n\n".join([CAPSULE_HEADER, *(f"[{c.kind}: {c.id}]\n{c.text}" for c in fresh)])
+        state.injections.append(Injection(anchor, tuple(_key(c) for c in fresh), text))
+    state.snapshot = now
+    return diff
+
+
+def _select(
+    messages: Sequence[Message], wanted: CapsulePolicy, counter: Counter, capsules: Sequence[Capsule]
+) -> list[Capsule]:
+    """The capsules this turn's query (the last user message) calls for, within the policy's budget."""
+    query = next((content_text(m) or "" for m in reversed(messages) if m.get("role") == "user"), "")
+    request = ContextRequest(
+        query=query,
+        budget_tokens=wanted.budget_tokens,
+        tags=list(wanted.tags),
+        min_score=wanted.min_score,
+        max_capsules=wanted.max_capsules,
+        prefer_roles=list(wanted.prefer_roles),
+        kinds=list(wanted.kinds),
+    )
+    return select_capsules(request, capsules, counter).capsules
+
+
+def _text_key(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _key(capsule: Capsule) -> str:
+    return f"{capsule.id}#{_text_key(capsule.text)}"
+
+
+def _anchor(messages: Sequence[Message], first_new: int) -> int | None:
+    """Where new capsules go: before the last user message if it is new, else before the first new unit.
+
+    Never inside the prefix last turn sent (that would re-bill it) nor between a call and its results.
+    """
+    for i in range(len(messages) - 1, first_new - 1, -1):
+        if messages[i].get("role") == "user":
+            return i
+    if first_new < len(messages) and messages[first_new].get("role") != "tool":
+        return first_new
+    return None
