@@ -13,7 +13,7 @@ from proxy.encodings import get_encoding
 
 # Model name prefixes whose tokenizer is known; anything else takes the configured default.
 # Texts at least this long are cached by digest; shorter ones are cheaper to encode again.
-_CACHE_TEXT_FROM = 256
+_CACHE_TEXT_FROM = 64
 
 _CL100K_PREFIXES = ("gpt-4-", "gpt-4", "gpt-3.5", "text-embedding-3", "text-embedding-ada")
 _O200K_PREFIXES = ("gpt-4o", "chatgpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "ft:gpt-4o")

@@ -124,6 +124,9 @@ class Journal:
     turn: int = 0
     epochs: int = 0
     reports: list[TurnReport] = field(default_factory=list)
+    # The clearing bound (tokens) at which the last plan did not pay: planning re-measures every
+    # output, so no new plan is made until the bound has grown by `clear_at_least` (0 = none).
+    unpaid_bound: int = 0
 
     def __len__(self) -> int:
         return len(self.digests)
@@ -162,6 +165,7 @@ class Journal:
         self.injections = [j for j in self.injections if j.anchor < n]
         present = {key.split("#", 1)[0] for j in self.injections for key in j.capsules}
         self.snapshot = [b for b in self.snapshot if b.anchor in present]
+        self.unpaid_bound = 0
 
     def append(self, digest: bytes, tokens: int, sent: int, output: bool, decision: Decision = KEPT) -> None:
         self.digests.append(digest)
@@ -197,6 +201,7 @@ class Journal:
             "turn": self.turn,
             "epochs": self.epochs,
             "reports": [r.to_dict() for r in self.reports],
+            "unpaid_bound": self.unpaid_bound,
         }
 
     @classmethod
@@ -214,4 +219,5 @@ class Journal:
             turn=int(data.get("turn", 0)),
             epochs=int(data.get("epochs", 0)),
             reports=[TurnReport.from_dict(r) for r in data.get("reports", [])],
+            unpaid_bound=int(data.get("unpaid_bound", 0)),
         )

@@ -238,14 +238,18 @@ def _clearing(turn: _Turn, out: list[Message], counts: list[int], *, forced: boo
         return epoch_pays(discount=d, tokens_after=total - freed, first_changed=first, freed=freed, turns_so_far=turns)
 
     freed, newest = bound
+    if not forced and turn.state.unpaid_bound and freed < turn.state.unpaid_bound + clear.clear_at_least:
+        return None
     if not forced and not pays(freed, positions[turn.where[newest]]):
         return None
     visible = [out[j] for j in turn.where if j >= 0]
     plan = clear.plan(visible, turn.counter)
-    if not plan.ids:
-        return None
-    first = min(plan.indices(visible))
-    if not forced and not pays(plan.tokens, positions[_visible_to_output(turn, first)]):
+    paid = bool(plan.ids) and (
+        forced or pays(plan.tokens, positions[_visible_to_output(turn, min(plan.indices(visible)))])
+    )
+    if not paid:
+        if not forced:
+            turn.state.unpaid_bound = freed
         return None
     return plan
 
@@ -303,6 +307,7 @@ def _visible(turn: _Turn) -> list[int]:
 def _epoch(turn: _Turn, reasons: list[str], plan: ClearPlan | None, report: TurnReport) -> None:
     """One batch of edits: clearing, dedup of older duplicates, then (window or budget) cuts and truncation."""
     report.epoch, report.reasons = True, tuple(reasons)
+    turn.state.unpaid_bound = 0
     out, _ = turn.render()
     visible = _visible(turn)
     if plan is not None:
