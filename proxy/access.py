@@ -28,6 +28,11 @@ _LINE_BREAKS = ("\r", "\n", "\x00")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+# Where the middleware leaves the proxy key a client presented, for the session fingerprint:
+# with access keys on, the key may be stripped before the chat handler reads the headers.
+CLIENT_CREDENTIAL = web.RequestKey("client_credential", str)
+
+
 def access_keys(settings: Settings) -> tuple[str, ...]:
     """The proxy access keys in force; empty means the proxy is open."""
     env = settings.auth.keys_env
@@ -106,8 +111,11 @@ def access_middleware(holder: ConfigHolder) -> Callable[[web.Request, Handler], 
         verdict = check_request(request, holder.settings)
         if isinstance(verdict, web.Response):
             return verdict
+        presented = request.headers.get(PROXY_KEY_HEADER) or _bearer(request.headers)
         if verdict is not None:
             request = request.clone(headers=verdict)
+        if access_keys(holder.settings) and presented:
+            request[CLIENT_CREDENTIAL] = presented.strip()  # sessions are scoped by who the client is
         return await handler(request)
 
     access.is_access_middleware = True  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from multidict import CIMultiDict
 
+from proxy.access import CLIENT_CREDENTIAL, access_middleware, exposure_problem
 from proxy.config import ConfigHolder, Settings
 from proxy.errors import error_response
 from proxy.metrics import METRICS
@@ -88,6 +89,12 @@ class _StreamedBody:
 
 
 def _credential(request: web.Request) -> str:
+    """Who the client is, for session scoping: its proxy access key (if any) and its upstream bearer token."""
+    proxy_key = request.get(CLIENT_CREDENTIAL)
+    return f"{proxy_key}\n{_bearer(request)}" if proxy_key else _bearer(request)
+
+
+def _bearer(request: web.Request) -> str:
     value = request.headers.get("Authorization", "")
     return value[7:].strip() if value[:7].lower() == "bearer " else value.strip()
 
@@ -228,7 +235,7 @@ def _admin_denied(request: web.Request) -> web.Response | None:
     env = request.app[HOLDER].settings.server.admin_token_env
     if env:
         token = os.environ.get(env, "")
-        if token and hmac.compare_digest(_credential(request).encode(), token.encode()):
+        if token and hmac.compare_digest(_bearer(request).encode(), token.encode()):
             return None
         return error_response(401, "This route needs the proxy's admin token.", "invalid_admin_token")
     if _is_loopback(request.remote):
@@ -310,7 +317,9 @@ def create_app(
     holder: ConfigHolder, *, context: ContextService | None = None, upstream: Upstream | None = None
 ) -> web.Application:
     """The proxy as an aiohttp app; without `context` chat bodies pass unchanged. The app owns `upstream`."""
-    app = web.Application(middlewares=[observe], client_max_size=_max_body(holder.settings) + 1)
+    app = web.Application(
+        middlewares=[observe, access_middleware(holder)], client_max_size=_max_body(holder.settings) + 1
+    )
     app[HOLDER] = holder
     app[CONTEXT] = context if context is not None else PassthroughService()
     app[UPSTREAM] = upstream if upstream is not None else Upstream(holder)
@@ -364,6 +373,8 @@ async def _serve_until_stopped(holder: ConfigHolder, host: str, port: int, conte
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    if problem := exposure_problem(host, holder.settings):
+        log.error("%s", problem)
     upstream = holder.settings.upstream.base_url
     log.info("context-proxy listening on http://%s:%d, forwarding to %s", host, bound, upstream)
     try:

@@ -328,3 +328,20 @@ async def test_a_session_is_never_shared_across_credentials(env) -> None:
             assert status == 200 and PROMPT.encode() not in data
     finally:
         await rig.close()
+
+
+@ENGINE
+async def test_clients_with_different_proxy_keys_never_share_a_session(env) -> None:
+    """With access keys and no upstream key the proxy key is stripped; it still tells the clients apart."""
+    rig = await keyed_rig(engine=True, upstream_key=False)
+    try:
+        conversation = {
+            "model": "gpt-4o",
+            "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": PROMPT}],
+        }
+        for proxy_key in PROXY_KEYS[:2]:
+            status, _, _ = await post(rig, {"Authorization": f"Bearer {proxy_key}"}, conversation)
+            assert status == 200
+        assert len(rig.context.sessions_json()) == 2
+    finally:
+        await rig.close()
