@@ -150,6 +150,8 @@ class ChatTurn:
         stats.prompt_tokens, stats.cached_tokens = prompt, cached
         stats.cost_usd = cost_usd(self.inputs.model, prompt, cached)
         stats.direct_cost_usd = cost_usd(self.inputs.model, direct_prompt, direct_cached)
+        self.session.cost_usd += stats.cost_usd
+        self.session.direct_cost_usd += stats.direct_cost_usd
         policy = self.session.policy
         PROMPT_TOKENS.inc(prompt, policy=policy)
         CACHED_TOKENS.inc(cached, policy=policy)

@@ -17,7 +17,7 @@ from proxy.context.tokens import canonical_bytes
 MAX_ID_LENGTH = 128
 SESSION_HEADER = "x-session-id"
 # Turn statistics kept per session; older turns are dropped from the report, never from the journal.
-MAX_TURNS_KEPT = 1000
+MAX_TURNS_KEPT = 100  # per-turn detail kept for /sessions/{id}; totals cover every turn
 
 
 def sanitize_session_id(raw: Any) -> str | None:
@@ -150,6 +150,9 @@ class Session:
     correction: float = 0.0
     # The direct (unedited) prompt size of the previous turn, for the direct-cost estimate.
     direct_prompt_tokens: int = 0
+    # Input cost over every turn, proxied and as estimated direct (turn details are only the recent ones).
+    cost_usd: float = 0.0
+    direct_cost_usd: float = 0.0
 
     def add_turn(self, stats: TurnStats) -> None:
         self.turns.append(stats)
@@ -172,8 +175,7 @@ class Session:
 
     def to_dict(self) -> dict[str, Any]:
         """The `GET /sessions/{id}` body."""
-        cost = sum(t.cost_usd or 0.0 for t in self.turns)
-        direct = sum(t.direct_cost_usd or 0.0 for t in self.turns)
+        cost, direct = self.cost_usd, self.direct_cost_usd
         return {
             **self.summary(),
             "correction": self.correction,

@@ -33,6 +33,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     correction REAL NOT NULL,
     direct_prompt_tokens INTEGER NOT NULL,
     turn_count INTEGER NOT NULL,
+    cost_usd REAL NOT NULL,
+    direct_cost_usd REAL NOT NULL,
     journal BLOB NOT NULL,
     turns BLOB NOT NULL
 );
@@ -121,12 +123,14 @@ class SessionStore:
             session.correction,
             session.direct_prompt_tokens,
             session.turn_count,
+            session.cost_usd,
+            session.direct_cost_usd,
             orjson.dumps(session.journal.to_dict()),
             orjson.dumps([t.to_dict() for t in session.turns]),
         )
         try:
             with self._lock:
-                self._db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+                self._db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
         except sqlite3.Error as exc:
             log.error("session state not saved: %s", exc)
 
@@ -160,7 +164,7 @@ class SessionStore:
             row = self._db.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 return None
-            _, policy, last_seen, correction, direct, turn_count, journal, turns = row
+            _, policy, last_seen, correction, direct, turn_count, cost, direct_cost, journal, turns = row
             return Session(
                 id=session_id,
                 journal=self._journal_from_dict(orjson.loads(journal)),
@@ -170,6 +174,8 @@ class SessionStore:
                 last_seen=last_seen if now is None else now,
                 correction=correction,
                 direct_prompt_tokens=direct,
+                cost_usd=cost,
+                direct_cost_usd=direct_cost,
             )
         except (sqlite3.Error, orjson.JSONDecodeError, TypeError, ValueError, KeyError) as exc:
             log.error("session state unreadable, starting afresh: %s", exc)

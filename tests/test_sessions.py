@@ -9,7 +9,15 @@ import pytest
 
 from proxy.config import StateConfig
 from proxy.context.policy import ModelInfo
-from proxy.sessions import MAX_ID_LENGTH, Session, TurnStats, cost_usd, sanitize_session_id, session_id_for
+from proxy.sessions import (
+    MAX_ID_LENGTH,
+    MAX_TURNS_KEPT,
+    Session,
+    TurnStats,
+    cost_usd,
+    sanitize_session_id,
+    session_id_for,
+)
 from proxy.state import SessionStore
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
@@ -149,6 +157,24 @@ def test_sqlite_keeps_journals_across_a_restart(tmp_path) -> None:
     assert again.journal.entries == ["kept", "cleared"]
     assert (again.policy, again.correction, again.turn_count) == ("agents", 1.07, 1)
     assert again.turns[0].cached_tokens == 64
+
+
+def test_cost_totals_cover_every_turn_though_details_are_bounded(tmp_path) -> None:
+    path = tmp_path / "state.sqlite"
+    store = make_store(path=path)
+    session = store.get("agent-long")
+    for turn in range(MAX_TURNS_KEPT + 50):
+        session.add_turn(TurnStats(report={"turn": turn}, cost_usd=0.01, direct_cost_usd=0.02))
+        session.cost_usd += 0.01
+        session.direct_cost_usd += 0.02
+    store.save(session)
+    store.close()
+
+    again = make_store(path=path).get("agent-long")
+    assert len(again.turns) == MAX_TURNS_KEPT and again.turn_count == MAX_TURNS_KEPT + 50
+    report = again.to_dict()
+    assert report["cost_usd"] == pytest.approx(0.01 * (MAX_TURNS_KEPT + 50))
+    assert report["saved_usd"] == pytest.approx(0.01 * (MAX_TURNS_KEPT + 50))
 
 
 def test_a_session_evicted_from_memory_comes_back_from_the_file(tmp_path) -> None:
