@@ -1,4 +1,4 @@
-"""`context-proxy serve|demo`: the command line (also `python -m proxy`)."""
+"""`context-proxy serve|demo|simulate`: the command line (also `python -m proxy`)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         help="replay an agent trace against a local simulated upstream, direct and through the proxy",
     )
+    commands.add_parser(
+        "simulate",
+        add_help=False,
+        help="serve the local simulated upstream (try the proxy with curl and no API key)",
+    )
     return parser
 
 
@@ -77,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         from proxy import demo  # imported lazily: it pulls in the simulator and the SDK
 
         return demo.main(argv[1:]) or 0
+    if argv[:1] == ["simulate"]:
+        from proxy import demo
+
+        return demo.simulate_main(argv[1:])
     return run_serve(build_parser().parse_args(argv or ["serve"]))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,4 +171,30 @@ def main(args: list[str] | None = None) -> int:
     started = time.monotonic()
     print(asyncio.run(run_demo(ns.trace, ns.model, ns.turns)))
     print(f"\n(finished in {time.monotonic() - started:.1f} s)")
+    return 0
+
+
+async def _serve_simulator(host: str, port: int, delay_ms: int) -> None:
+    runner, url = await start_simulator(SimulatorConfig(chunk_delay_s=delay_ms / 1000), host, port)
+    print(f"simulated OpenAI upstream on {url} (models: {', '.join(SimulatorConfig().models)}); Ctrl-C stops it")
+    print(f"try: context-proxy serve --upstream {url}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def simulate_main(args: list[str] | None = None) -> int:
+    """`context-proxy simulate`: the demo's upstream on its own, to try the proxy with curl and no API key."""
+    parser = argparse.ArgumentParser(
+        prog="context-proxy simulate",
+        description="Serve the local OpenAI-compatible simulator (streams, usage with cached tokens, "
+        "window refusals) so the proxy can be tried with no API key and no network.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--delay-ms", type=int, default=50, help="pause between streamed chunks (default 50)")
+    ns = parser.parse_args(args)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_simulator(ns.host, ns.port, ns.delay_ms))
     return 0

@@ -5,7 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
+import sys
 
+import openai
 import pytest
 
 from proxy.context.policy import ModelInfo
@@ -86,3 +89,20 @@ def test_the_demo_replays_through_the_proxy_and_prints_its_table(capsys):
 def test_demo_lists_its_traces(capsys):
     assert main(["--list"]) == 0
     assert capsys.readouterr().out.split() == list_traces()
+
+
+def test_simulate_serves_an_upstream_the_sdk_can_talk_to() -> None:
+    """`context-proxy simulate`: the keyless upstream a new user tries the proxy against."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "simulate", "--port", "0", "--delay-ms", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = process.stdout.readline().split(" on ", 1)[1].split()[0]
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=10)
+        answer = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        assert answer.choices[0].message.content
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -70,7 +70,7 @@ def test_upstream_urls_keep_the_configured_host_and_base_path():
     assert upstream.url_for("//evil.example/v1/models").host == "api.example.com"
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["demo", "--help"], ["simulate", "--help"]])
 def test_every_command_has_help(argv, capsys):
     with pytest.raises(SystemExit) as caught:
         cli.main(argv)
