@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from proxy.config import load_settings
 from proxy.context.economics import Bill, bill, request_blocks
 from proxy.context.journal import Journal
 from proxy.context.messages import check_pairing
@@ -21,9 +22,8 @@ from proxy.context.tokens import REPLY_PRIMING, Counter
 
 TRACES = Path(__file__).resolve().parents[2] / "proxy" / "data" / "traces"
 TRACE_NAMES = ("sweagent_marshmallow-1867.json", "mini_django-11138.tools.json", "sweagent_text_pydicom-1458.json")
-# SWE-agent's text mode ends every observation with its prompt line: what marks a user message as tool output.
-# The task itself ends with the same line, so it is excluded by its opening words.
-TEXT_OBSERVATION = r"\A(?!We're currently solving)(?s:.*)\(Current directory: [^)]*\)\s*bash-\$\s*\Z"
+# What marks a user message as tool output for SWE-agent's text mode: the shipped session file's pattern.
+TEXT_OBSERVATION = load_settings().policy_for("swe-agent-text-replay")[0].clear_tool_outputs.observation_patterns[0]
 
 
 def load(name: str) -> dict:
