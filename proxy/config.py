@@ -18,6 +18,9 @@ from proxy.context.policy import ModelInfo, Policy, policy_from_dict
 
 log = logging.getLogger("proxy.config")
 
+# Model names come from clients: lookups are remembered per Settings up to this many names.
+MAX_MODELS_CACHED = 1024
+
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "proxy.toml"
 
 
@@ -84,9 +87,20 @@ class Settings:
     policy: Policy = field(default_factory=Policy)
     sessions: tuple[SessionRule, ...] = ()
     path: str = ""
+    # Per-object memos of the lookups every request makes (a reload builds a new Settings, so they never go stale).
+    _models_by_name: dict[str, ModelInfo] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _rule_policies: dict[str, Policy] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def model(self, name: str) -> ModelInfo:
         """The most specific model-table glob matching `name` (fewest wildcards, longest)."""
+        info = self._models_by_name.get(name)
+        if info is None:
+            info = self._match_model(name)
+            if len(self._models_by_name) < MAX_MODELS_CACHED:
+                self._models_by_name[name] = info
+        return info
+
+    def _match_model(self, name: str) -> ModelInfo:
         best: ModelInfo | None = None
         best_key = (-1, -1)
         for info in self.models:
@@ -108,9 +122,12 @@ class Settings:
         rule = self.session_rule(session_id)
         if rule is None:
             return self.policy, ()
-        merged = _deep_merge(self.policy_data, rule.policy)
-        name = rule.policy.get("name") or Path(rule.path).stem
-        return policy_from_dict({**merged, "name": name}), rule.capsules
+        policy = self._rule_policies.get(rule.path)
+        if policy is None:
+            merged = _deep_merge(self.policy_data, rule.policy)
+            name = rule.policy.get("name") or Path(rule.path).stem
+            policy = self._rule_policies[rule.path] = policy_from_dict({**merged, "name": name})
+        return policy, rule.capsules
 
 
 class ConfigError(ValueError):
