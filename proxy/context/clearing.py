@@ -43,11 +43,14 @@ class ClearPlan:
     ids: tuple[str, ...] = ()
     tokens: int = 0
 
-    def indices(self, messages: Sequence[Message]) -> list[int]:
-        """Where the planned outputs sit in `messages` (the last message is never one of them)."""
+    def indices(self, messages: Sequence[Message], digests: Sequence[bytes] | None = None) -> list[int]:
+        """Where the planned outputs sit in `messages` (the last message is never one of them).
+
+        `digests`, when the caller has them, are the messages' `message_digest`s (not recomputed).
+        """
         wanted = set(self.ids)
         last = len(messages) - 1
-        return [i for i, mid in enumerate(message_ids(messages)) if mid in wanted and i != last]
+        return [i for i, mid in enumerate(message_ids(messages, digests)) if mid in wanted and i != last]
 
     def apply(self, messages: list[Message], counter: Counter | None = None) -> Cleared:
         """Clear the planned outputs in place, on this or a longer copy of the conversation.
@@ -123,14 +126,19 @@ class ClearToolOutputs:
         """The clearing a session's policy asks for (`enabled` is the caller's to check)."""
         return cls(**{f.name: getattr(policy, f.name) for f in fields(cls)})
 
-    def plan(self, messages: Sequence[Message], counter: Counter | None = None) -> ClearPlan:
-        """Which outputs `clear` would clear, by stable id; empty if it would free under `clear_at_least`."""
+    def plan(
+        self, messages: Sequence[Message], counter: Counter | None = None, digests: Sequence[bytes] | None = None
+    ) -> ClearPlan:
+        """Which outputs `clear` would clear, by stable id; empty if it would free under `clear_at_least`.
+
+        `digests`, when the caller has them, are the messages' `message_digest`s (not recomputed).
+        """
         counter = counter if counter is not None else HeuristicCounter()
         observations = _compiled(self.observation_patterns)
         outputs = [i for i, m in enumerate(messages) if is_tool_output(m, observations) and not _is_cleared(m)]
         boundary = self._boundary(messages, outputs, counter)
         names = tool_names(messages)
-        ids = message_ids(messages)
+        ids = message_ids(messages, digests)
         chosen: list[str] = []
         freed = 0
         for i in outputs[: boundary + 1]:

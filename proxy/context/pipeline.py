@@ -224,10 +224,10 @@ def _clearing(turn: _Turn, out: list[Message], counts: list[int], *, forced: boo
 
     A bound from the journal alone rules most turns out before any plan is made.
     """
-    clear = ClearToolOutputs.from_policy(turn.policy.clear_tool_outputs)
-    clear = replace(clear, keep_tokens=max(clear.keep_tokens, _recent_output_tokens(turn)))
-    bound = _clearing_bound(turn, clear.keep_tokens)
-    if bound is None or bound[0] < max(1, clear.clear_at_least):
+    rules = turn.policy.clear_tool_outputs
+    keep_tokens = max(rules.keep_tokens, _recent_output_tokens(turn))
+    bound = _clearing_bound(turn, keep_tokens)
+    if bound is None or bound[0] < max(1, rules.clear_at_least):
         return None
     positions = _positions(counts, turn.fixed - REPLY_PRIMING)
     total = turn.total(counts)
@@ -238,14 +238,15 @@ def _clearing(turn: _Turn, out: list[Message], counts: list[int], *, forced: boo
         return epoch_pays(discount=d, tokens_after=total - freed, first_changed=first, freed=freed, turns_so_far=turns)
 
     freed, newest = bound
-    if not forced and turn.state.unpaid_bound and freed < turn.state.unpaid_bound + clear.clear_at_least:
+    if not forced and turn.state.unpaid_bound and freed < turn.state.unpaid_bound + rules.clear_at_least:
         return None
     if not forced and not pays(freed, positions[turn.where[newest]]):
         return None
-    visible = [out[j] for j in turn.where if j >= 0]
-    plan = clear.plan(visible, turn.counter)
+    clear = replace(ClearToolOutputs.from_policy(rules), keep_tokens=keep_tokens)
+    visible, digests = _visible_output(turn, out)
+    plan = clear.plan(visible, turn.counter, digests)
     paid = bool(plan.ids) and (
-        forced or pays(plan.tokens, positions[_visible_to_output(turn, min(plan.indices(visible)))])
+        forced or pays(plan.tokens, positions[_visible_to_output(turn, min(plan.indices(visible, digests)))])
     )
     if not paid:
         if not forced:
@@ -296,6 +297,20 @@ def _positions(counts: Sequence[int], offset: int) -> list[int]:
     return positions
 
 
+def _visible_output(turn: _Turn, out: list[Message]) -> tuple[list[Message], list[bytes]]:
+    """What is sent for the client's messages still present, and its digests.
+
+    A message sent as the client wrote it has the digest the journal already holds: only edited ones are hashed.
+    """
+    visible, digests = [], []
+    for i, j in enumerate(turn.where):
+        if j >= 0:
+            sent = out[j]
+            visible.append(sent)
+            digests.append(turn.state.digests[i] if sent is turn.messages[i] else message_digest(sent))
+    return visible, digests
+
+
 def _visible_to_output(turn: _Turn, visible_index: int) -> int:
     return [j for j in turn.where if j >= 0][visible_index]
 
@@ -311,7 +326,7 @@ def _epoch(turn: _Turn, reasons: list[str], plan: ClearPlan | None, report: Turn
     out, _ = turn.render()
     visible = _visible(turn)
     if plan is not None:
-        planned = plan.indices([out[turn.where[i]] for i in visible])
+        planned = plan.indices(*_visible_output(turn, out))
         for v in planned:
             turn.decide(visible[v], _CLEARED)
         report.cleared = len(planned)
