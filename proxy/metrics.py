@@ -40,12 +40,13 @@ class _Metric:
         self.name = name
         self.help = help
         self.label_names = tuple(labels)
+        self._label_set = frozenset(self.label_names)
         self._lock = threading.Lock()
 
     def _key(self, labels: dict[str, str]) -> LabelKey:
-        if set(labels) != set(self.label_names):
+        if labels.keys() != self._label_set:
             raise ValueError(f"{self.name} takes labels {self.label_names}, got {tuple(labels)}")
-        return tuple(str(labels[n]) for n in self.label_names)
+        return tuple([str(labels[n]) for n in self.label_names])
 
     def header(self) -> list[str]:
         return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
