@@ -339,6 +339,11 @@ def create_app(
 class PathAccessLogger(AbstractAccessLogger):
     """One line per request without the query string (it may carry a key) and without headers."""
 
+    @property
+    def enabled(self) -> bool:
+        """aiohttp skips `log` (and its timing) on connections opened while INFO is off."""
+        return self.logger.isEnabledFor(logging.INFO)
+
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         self.logger.info("%s %s %s %s %.3fs", request.remote, request.method, request.path, response.status, time)
 
