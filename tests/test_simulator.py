@@ -361,7 +361,7 @@ async def test_non_json_error_is_a_502_html_page(sim):
 @pytest.mark.parametrize(
     ("name", "status", "error"),
     [("status-401", 401, openai.AuthenticationError), ("status-429", 429, openai.RateLimitError),
-     ("status-500", 500, openai.InternalServerError)],
+     ("status-500", 500, openai.InternalServerError), ("status-503", 503, openai.InternalServerError)],
 )  # fmt: skip
 async def test_status_faults_answer_in_openais_shape(sim, name, status, error):
     state, url = sim
@@ -369,6 +369,7 @@ async def test_status_faults_answer_in_openais_shape(sim, name, status, error):
     body = json.loads(raw)["error"]
     assert got == status and list(body) == ["message", "type", "param", "code"]
     assert (headers.get("retry-after") == "1") == (status == 429)
+    assert (headers.get("x-ratelimit-remaining-requests") == "0") == (status == 429)
     with pytest.raises(error):
         await client(url).chat.completions.create(model="sim-32k", messages=HELLO, extra_headers=fault(name))
     assert state.totals.requests == 0  # refused before the model ever saw it

@@ -13,7 +13,7 @@ import re
 import aiohttp
 import pytest
 
-from proxy.simulator import _BAD_GATEWAY, SimulatorConfig
+from proxy.simulator import BAD_GATEWAY, SimulatorConfig
 from tests.harness import Rig, chat_body, closed_port, engine_available, is_openai_error, settle, start_rig
 
 READ_TIMEOUT_S = 0.6
@@ -132,7 +132,7 @@ async def test_non_json_error_is_passed_through_untouched(rig: Rig) -> None:
         async with client.post(rig.base_url + "/chat/completions", json=chat_body(), headers=headers) as response:
             assert response.status == 502
             assert response.content_type == "text/html"
-            assert await response.text() == _BAD_GATEWAY
+            assert await response.text() == BAD_GATEWAY
     await assert_nothing_leaked(rig, tasks)
 
 

@@ -1,0 +1,139 @@
+"""What the real API says, in its exact shapes: errors and refusals, usage, tool calls, streamed chunks."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+FINGERPRINT = "fp_sim0c0ffee"
+
+
+def openai_error(
+    status: int, message: str, type_: str, code: str | None = None, param: str | None = None, headers: Any = None
+) -> web.Response:
+    """An error exactly as the real API words and shapes it (key order included)."""
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return web.json_response(body, status=status, headers=headers, dumps=lambda v: orjson.dumps(v).decode())
+
+
+def pairing_error(messages: list[dict]) -> tuple[str, str] | None:
+    """OpenAI's refusal (message, param) for tool results out of place or tool calls left unanswered."""
+    calls_at, pending, open_calls = -1, [], set()
+    for i, message in enumerate(messages):
+        if message.get("role") == "tool":
+            if calls_at < 0:
+                return (
+                    "Invalid parameter: messages with role 'tool' must be a response to a preceeding message "
+                    "with 'tool_calls'.",
+                    f"messages.[{i}].role",
+                )
+            call_id = message.get("tool_call_id")
+            if call_id not in open_calls:
+                return (
+                    f"Invalid parameter: 'tool_call_id' of '{call_id}' not found in 'tool_calls' of previous message.",
+                    f"messages.[{i}].tool_call_id",
+                )
+            if call_id in pending:
+                pending.remove(call_id)
+            continue
+        if pending:
+            break
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        calls_at = i if calls else -1
+        open_calls = {c.get("id") for c in calls if isinstance(c, dict)} if calls else set()
+        pending = [c.get("id") for c in calls if isinstance(c, dict)] if calls else []
+    if pending:
+        return (
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            "'tool_call_id'. The following tool_call_ids did not have response messages: "
+            + ", ".join(map(str, pending)),
+            f"messages.[{calls_at}].role",
+        )
+    return None
+
+
+def request_error(body: Any) -> web.Response | None:
+    """The 400 the real API gives a chat body it cannot take, or None."""
+    if not isinstance(body, dict):
+        return openai_error(400, "We could not parse the JSON body of your request.", "invalid_request_error")
+    if not isinstance(body.get("model"), str):
+        return openai_error(400, "you must provide a model parameter", "invalid_request_error")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return openai_error(400, "[] is too short - 'messages'", "invalid_request_error", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            return openai_error(400, f"Invalid value for 'messages.[{i}].role'.", "invalid_request_error")
+    problem = pairing_error(messages)
+    return openai_error(400, problem[0], "invalid_request_error", param=problem[1]) if problem else None
+
+
+def window_error(window: int, prompt: int, completion: int) -> web.Response:
+    """OpenAI's words: with max_tokens it names the request's total and its two parts."""
+    message = f"This model's maximum context length is {window} tokens. However, "
+    if completion:
+        message += (
+            f"you requested {prompt + completion} tokens ({prompt} in the messages, {completion} in the "
+            "completion). Please reduce the length of the messages or completion."
+        )
+    else:
+        message += f"your messages resulted in {prompt} tokens. Please reduce the length of the messages."
+    return openai_error(400, message, "invalid_request_error", "context_length_exceeded", "messages")
+
+
+def billed_usage(prompt: int, cached: int, completion: int) -> dict[str, Any]:
+    """`usage` with every detail field the real API sends."""
+    return {
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0,
+                                      "rejected_prediction_tokens": 0},
+    }  # fmt: skip
+
+
+def _sample(schema: Any) -> Any:
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    return {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}.get(kind, "ls -la")
+
+
+def tool_calls(tools: list[Any], n: int, base: int) -> list[dict[str, Any]]:
+    """`n` calls of the offered tools, round robin, with arguments that fit their schemas."""
+    calls = []
+    for i in range(n):
+        function = (tools[i % len(tools)] or {}).get("function") or {}
+        props = (function.get("parameters") or {}).get("properties") or {}
+        arguments = json.dumps({name: _sample(schema) for name, schema in props.items()})
+        name = function.get("name", "f")
+        calls.append(
+            {"id": f"call_sim{base}_{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+        )
+    return calls
+
+
+def _split(text: str, n: int) -> list[str]:
+    n = max(1, min(n, len(text)))
+    bounds = [len(text) * k // n for k in range(n + 1)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def chunk_choices(content: str | None, calls: list[dict], chunks: int) -> list[list[dict]]:
+    """The `choices` of each chunk of one streamed answer, as the real API sends them."""
+
+    def event(delta: dict, finish: str | None = None) -> list[dict]:
+        return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+
+    if not calls:
+        events = [event({"role": "assistant", "content": "", "refusal": None})]
+        events += [event({"content": piece}) for piece in _split(content or "", chunks)]
+        return [*events, event({}, "stop")]
+    events = [event({"role": "assistant", "content": None})]
+    for i, call in enumerate(calls):
+        opening = {"index": i, "id": call["id"], "type": "function", "function": {**call["function"], "arguments": ""}}
+        events.append(event({"tool_calls": [opening]}))
+        for piece in _split(call["function"]["arguments"], max(1, chunks // len(calls))):
+            events.append(event({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
+    return [*events, event({}, "tool_calls")]
