@@ -15,7 +15,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from proxy.access import access_middleware
 from proxy.config import AuthConfig, ConfigHolder, ServerConfig, Settings, StateConfig, UpstreamConfig
 from proxy.server import UPSTREAM, PathAccessLogger, create_app
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
@@ -53,12 +52,10 @@ def make_settings(upstream_url: str, **sections: Any) -> Settings:
 
 
 async def serve_proxy(holder: ConfigHolder, context: Any = None, outer: tuple = ()) -> tuple[web.AppRunner, int]:
-    """server.start(), with proxy.access installed if server.py does not install it yet; `outer` middlewares first."""
+    """What server.start() serves, with `outer` middlewares in front (tests use them to fake a client's address)."""
     app = create_app(holder, context=context)
     for middleware in reversed(outer):
         app.middlewares.insert(0, middleware)
-    if not any(getattr(m, "is_access_middleware", False) for m in app.middlewares):
-        app.middlewares.append(access_middleware(holder))
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -122,15 +119,16 @@ async def start_rig(
     sim_config: SimulatorConfig | None = None,
     upstream_url: str | None = None,
     engine: bool = False,
+    context: Any = None,
     outer: tuple = (),
     **sections: Any,
 ) -> Rig:
-    """Simulator (unless `upstream_url`) + proxy; `engine=True` runs the real ContextService."""
+    """Simulator (unless `upstream_url`) + proxy; `engine=True` runs the real ContextService, `context=` any other."""
+    assert not (engine and context is not None), "engine=True or context=, not both"
     sim_runner = None
     if upstream_url is None:
         sim_runner, upstream_url = await start_simulator(sim_config)
     holder = ConfigHolder(make_settings(upstream_url, **sections))
-    context = None
     if engine:
         from proxy.chat import build_context_service
 

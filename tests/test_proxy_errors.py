@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import socket
-
 import aiohttp
 import openai
 import pytest
 
-from tests.conftest import MESSAGES_FOR_ERRORS as MESSAGES
+from proxy.simulator import STATUS_FAULTS
+from tests.harness import closed_port, settle
+
+MODEL = "gpt-4o-mini"
+MESSAGES = [{"role": "user", "content": "Say hello."}]
 
 
 def client(url: str) -> openai.AsyncOpenAI:
@@ -40,26 +41,26 @@ async def post_raw(url: str, data, headers: dict | None = None) -> tuple[int, di
         ),
     ],
 )
-async def test_malformed_chat_bodies_get_a_400_naming_the_problem(upstream, proxy, body, param, fragment):
-    status, payload = await post_raw(f"{proxy.url}/chat/completions", body, {"Content-Type": "application/json"})
+async def test_malformed_chat_bodies_get_a_400_naming_the_problem(rig, body, param, fragment):
+    status, payload = await post_raw(f"{rig.base_url}/chat/completions", body, {"Content-Type": "application/json"})
     assert status == 400
     assert payload["error"]["type"] == "invalid_request_error"
     assert payload["error"]["param"] == param
     assert fragment in payload["error"]["message"]
-    assert upstream.seen == []
+    assert list(rig.sim.requests) == []
 
 
-async def test_the_sdk_raises_bad_request_for_a_malformed_message(proxy):
+async def test_the_sdk_raises_bad_request_for_a_malformed_message(rig):
     with pytest.raises(openai.BadRequestError) as caught:
-        await client(proxy.url).chat.completions.create(model="echo", messages=[{"role": "nobody", "content": "x"}])
+        await client(rig.base_url).chat.completions.create(model=MODEL, messages=[{"role": "nobody", "content": "x"}])
     assert caught.value.param == "messages[0].role"
 
 
-async def test_a_body_over_the_limit_is_refused_with_413(upstream, make_proxy):
-    proxy = await make_proxy(upstream.url, max_body_mb=0.01)  # ~10 KB
+async def test_a_body_over_the_limit_is_refused_with_413(make_rig):
+    rig = await make_rig(server={"max_body_mb": 0.01})  # ~10 KB
     big = [{"role": "user", "content": "x" * 20_000}]
     with pytest.raises(openai.APIStatusError) as caught:
-        await client(proxy.url).chat.completions.create(model="echo", messages=big)
+        await client(rig.base_url).chat.completions.create(model=MODEL, messages=big)
     assert caught.value.status_code == 413
 
     async def chunked():  # no Content-Length: counted while read
@@ -67,56 +68,61 @@ async def test_a_body_over_the_limit_is_refused_with_413(upstream, make_proxy):
             yield b"x" * 1024
 
     for path in ("chat/completions", "embeddings"):
-        status, payload = await post_raw(f"{proxy.url}/{path}", chunked())
+        status, payload = await post_raw(f"{rig.base_url}/{path}", chunked())
         assert status == 413 and payload["error"]["code"] == "request_too_large"
-    assert all(len(seen.body) < 20_000 for seen in upstream.seen)
+    assert all(len(seen.raw) < 20_000 for seen in rig.sim.requests)
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-async def test_an_unreachable_upstream_is_a_502(make_proxy):
-    proxy = await make_proxy(f"http://127.0.0.1:{_closed_port()}/v1")
+async def test_an_unreachable_upstream_is_a_502(make_rig):
+    rig = await make_rig(upstream_url=f"http://127.0.0.1:{closed_port()}/v1")
     with pytest.raises(openai.APIStatusError) as caught:
-        await client(proxy.url).chat.completions.create(model="echo", messages=MESSAGES)
+        await client(rig.base_url).chat.completions.create(model=MODEL, messages=MESSAGES)
     assert caught.value.status_code == 502 and caught.value.code == "upstream_unreachable"
     with pytest.raises(openai.APIStatusError) as caught:
-        await client(proxy.url).models.list()
+        await client(rig.base_url).models.list()
     assert caught.value.status_code == 502
 
 
-async def test_a_silent_upstream_is_a_504_and_its_request_is_dropped(upstream, make_proxy):
-    proxy = await make_proxy(upstream.url, read_timeout_s=0.3)
+async def test_a_silent_upstream_is_a_504_and_its_request_is_dropped(make_rig):
+    rig = await make_rig(upstream={"read_timeout_s": 0.3})
     with pytest.raises(openai.APIStatusError) as caught:
-        await client(proxy.url).chat.completions.create(model="silent", messages=MESSAGES)
+        await client(rig.base_url).chat.completions.create(
+            model=MODEL, messages=MESSAGES, extra_headers={"X-Sim-Fault": "silence"}
+        )
     assert caught.value.status_code == 504 and caught.value.code == "upstream_timeout"
-    await asyncio.wait_for(upstream.cancelled.wait(), 5)
+    assert await settle(lambda: rig.sim.totals.disconnects == 1, timeout=5)
 
 
 @pytest.mark.parametrize(("status", "error"), [(401, openai.AuthenticationError), (429, openai.RateLimitError)])
-async def test_upstream_errors_pass_through_with_status_headers_and_body(proxy, status, error):
+async def test_upstream_errors_pass_through_with_status_headers_and_body(rig, status, error):
     with pytest.raises(error) as caught:
-        await client(proxy.url).chat.completions.create(model=f"status:{status}", messages=MESSAGES)
-    assert caught.value.body["message"] == f"fake upstream says {status}"
-    assert caught.value.code == f"fake_{status}"
+        await client(rig.base_url).chat.completions.create(
+            model=MODEL, messages=MESSAGES, extra_headers={"X-Sim-Fault": f"status-{status}"}
+        )
+    _, message, _, code, headers = STATUS_FAULTS[f"status-{status}"]
+    assert caught.value.body["message"] == message
+    assert caught.value.code == code
     if status == 429:
-        assert caught.value.response.headers["retry-after"] == "7"
+        assert caught.value.response.headers["retry-after"] == headers["retry-after"] == "1"
         assert caught.value.response.headers["x-ratelimit-remaining-requests"] == "0"
 
 
-async def test_upstream_5xx_passes_through(proxy):
+async def test_upstream_5xx_passes_through(rig):
     with pytest.raises(openai.InternalServerError) as caught:
-        await client(proxy.url).chat.completions.create(model="status:503", messages=MESSAGES)
+        await client(rig.base_url).chat.completions.create(
+            model=MODEL, messages=MESSAGES, extra_headers={"X-Sim-Fault": "status-503"}
+        )
     assert caught.value.status_code == 503
 
 
-async def test_an_upstream_dying_mid_stream_ends_the_stream_without_done(upstream, proxy):
-    body = {"model": "die-mid-stream", "messages": MESSAGES, "stream": True}
+async def test_an_upstream_dying_mid_stream_ends_the_stream_without_done(rig):
+    body = {"model": MODEL, "messages": MESSAGES, "stream": True}
+    dying = {"X-Sim-Fault": "reset-mid-stream"}  # after fault_after_chunks = 2 events
     received = b""
-    async with aiohttp.ClientSession() as http, http.post(f"{proxy.url}/chat/completions", json=body) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{rig.base_url}/chat/completions", json=body, headers=dying) as response,
+    ):
         assert response.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
             async for chunk in response.content.iter_any():
@@ -125,22 +131,27 @@ async def test_an_upstream_dying_mid_stream_ends_the_stream_without_done(upstrea
     assert b"[DONE]" not in received
 
     with pytest.raises(openai.APIConnectionError):
-        stream = await client(proxy.url).chat.completions.create(model="die-mid-stream", messages=MESSAGES, stream=True)
+        stream = await client(rig.base_url).chat.completions.create(
+            model=MODEL, messages=MESSAGES, stream=True, extra_headers=dying
+        )
         async for _ in stream:
             pass
-    answer = await client(proxy.url).chat.completions.create(model="echo", messages=MESSAGES)
+    answer = await client(rig.base_url).chat.completions.create(model=MODEL, messages=MESSAGES)
     assert answer.choices[0].message.content  # the proxy keeps serving
 
 
-async def test_a_client_that_disconnects_cancels_the_upstream_request(upstream, proxy):
-    stream = await client(proxy.url).chat.completions.create(model="hang-mid-stream", messages=MESSAGES, stream=True)
+async def test_a_client_that_disconnects_cancels_the_upstream_request(rig):
+    stream = await client(rig.base_url).chat.completions.create(
+        model=MODEL, messages=MESSAGES, stream=True, extra_headers={"X-Sim-Fault": "silence-mid-stream"}
+    )
     first = await stream.__anext__()
-    assert first.choices[0].delta.content == "Hello"
+    assert first.choices[0].delta.role == "assistant"
     await stream.close()
-    await asyncio.wait_for(upstream.cancelled.wait(), 5)
+    assert await settle(lambda: rig.sim.totals.disconnects == 1, timeout=5)
+    assert rig.sim.active_streams == 0
 
 
-async def test_unknown_non_api_routes_are_404_in_openai_shape(proxy):
-    async with aiohttp.ClientSession() as http, http.get(f"{proxy.root}/nope") as response:
+async def test_unknown_non_api_routes_are_404_in_openai_shape(rig):
+    async with aiohttp.ClientSession() as http, http.get(f"{rig.root}/nope") as response:
         assert response.status == 404
         assert (await response.json())["error"]["type"] == "not_found_error"

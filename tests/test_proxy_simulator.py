@@ -2,43 +2,33 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import openai
 import pytest
 
-from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
+from proxy.simulator import SimulatorConfig
+from tests.harness import settle
 
 MESSAGES = [{"role": "user", "content": "Fix the failing test."}]
-
-
-@pytest.fixture
-async def sim():
-    runner, url = await start_simulator(SimulatorConfig(chunks=6))
-    yield runner.app[SIMULATOR], url
-    await runner.cleanup()
 
 
 def client(url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url, api_key="sk-client", max_retries=0, timeout=10)
 
 
-async def test_answers_through_the_proxy_match_the_direct_ones(sim, make_proxy):
-    simulator, url = sim
-    proxy = await make_proxy(url)
-    direct = await client(url).chat.completions.create(model="sim-32k", messages=MESSAGES)
-    proxied = await client(proxy.url).chat.completions.create(model="sim-32k", messages=MESSAGES)
+async def test_answers_through_the_proxy_match_the_direct_ones(rig):
+    direct = await client(rig.sim_url).chat.completions.create(model="sim-32k", messages=MESSAGES)
+    proxied = await client(rig.base_url).chat.completions.create(model="sim-32k", messages=MESSAGES)
     assert proxied.choices[0].message.content == direct.choices[0].message.content
     assert proxied.usage.prompt_tokens == direct.usage.prompt_tokens
-    assert simulator.requests[-1].headers["Authorization"] == "Bearer sk-client"
+    assert rig.sim.requests[-1].headers["Authorization"] == "Bearer sk-client"
 
 
-async def test_simulated_pacing_survives_the_proxy(sim, make_proxy):
-    _, url = sim
-    proxy = await make_proxy(url)
+async def test_simulated_pacing_survives_the_proxy(make_rig):
+    rig = await make_rig(sim_config=SimulatorConfig(chunks=6))
     delay_s = 0.06
-    stream = await client(proxy.url).chat.completions.create(
+    stream = await client(rig.base_url).chat.completions.create(
         model="sim-32k", messages=MESSAGES, stream=True, extra_headers={"X-Sim-Delay-Ms": str(delay_s * 1000)}
     )
     arrivals = [time.monotonic() async for _ in stream]
@@ -47,26 +37,20 @@ async def test_simulated_pacing_survives_the_proxy(sim, make_proxy):
 
 
 @pytest.mark.parametrize(("fault", "status"), [("reset-before-headers", 502), ("silence", 504)])
-async def test_simulated_faults_before_headers_map_to_502_and_504(sim, make_proxy, fault, status):
-    _, url = sim
-    proxy = await make_proxy(url, read_timeout_s=0.3)
+async def test_simulated_faults_before_headers_map_to_502_and_504(make_rig, fault, status):
+    rig = await make_rig(upstream={"read_timeout_s": 0.3})
     with pytest.raises(openai.APIStatusError) as caught:
-        await client(proxy.url).chat.completions.create(
+        await client(rig.base_url).chat.completions.create(
             model="sim-32k", messages=MESSAGES, extra_headers={"X-Sim-Fault": fault}
         )
     assert caught.value.status_code == status
 
 
-async def test_a_disconnect_reaches_the_simulator(sim, make_proxy):
-    simulator, url = sim
-    proxy = await make_proxy(url)
-    stream = await client(proxy.url).chat.completions.create(
+async def test_a_disconnect_reaches_the_simulator(rig):
+    stream = await client(rig.base_url).chat.completions.create(
         model="sim-32k", messages=MESSAGES, stream=True, extra_headers={"X-Sim-Delay-Ms": "2000"}
     )
     await stream.__anext__()
     await stream.close()
-    for _ in range(100):
-        if simulator.totals.disconnects:
-            break
-        await asyncio.sleep(0.02)
-    assert simulator.totals.disconnects == 1
+    assert await settle(lambda: rig.sim.totals.disconnects > 0)
+    assert rig.sim.totals.disconnects == 1

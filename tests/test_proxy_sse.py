@@ -8,10 +8,16 @@ import orjson
 import pytest
 
 from proxy.relay import SseUsageFilter, overflow_tokens
-from tests.conftest import SSE_DIR, RecordingService
+from tests.conftest import RECORDED_STREAMS, SSE_DIR, RecordingService
 
-RECORDINGS = sorted(p.name for p in SSE_DIR.glob("*.sse"))
+RECORDINGS = sorted(RECORDED_STREAMS)
 MESSAGES = [{"role": "user", "content": "hi"}]
+ODD_PIECES = "1,7,13,64,3,211,2,997"  # bytes: events straddle the proxy's reads
+PACED = {"X-Sim-Piece-Bytes": ODD_PIECES, "X-Sim-Delay-Ms": "0.05"}  # a pause between pieces, so reads see them apart
+
+
+def replaying(name: str) -> dict[str, str]:
+    return {"X-Sim-Recorded": name, **PACED}
 
 
 def usage_event(data: bytes) -> bytes:
@@ -19,34 +25,39 @@ def usage_event(data: bytes) -> bytes:
     return next(e for e in events if b'"choices":[]' in e and b'"usage":{' in e) + b"\n\n"
 
 
-async def post_stream(url: str) -> tuple[bytes, dict]:
-    body = {"model": f"recorded:{url.rsplit('#', 1)[1]}", "messages": MESSAGES, "stream": True}
-    async with aiohttp.ClientSession() as http, http.post(url.rsplit("#", 1)[0], json=body) as response:
+async def post_stream(base_url: str, name: str) -> tuple[bytes, dict]:
+    body = {"model": "gpt-4o", "messages": MESSAGES, "stream": True}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{base_url}/chat/completions", json=body, headers=replaying(name)) as response,
+    ):
         assert response.status == 200
         return await response.read(), dict(response.headers)
 
 
 @pytest.mark.parametrize("name", RECORDINGS)
-async def test_recorded_streams_reach_the_client_byte_for_byte(upstream, proxy, name):
-    received, headers = await post_stream(f"{proxy.url}/chat/completions#{name}")
+async def test_recorded_streams_reach_the_client_byte_for_byte(rig, name):
+    received, headers = await post_stream(rig.base_url, name)
     assert received == (SSE_DIR / name).read_bytes()
     assert headers["Content-Type"].startswith("text/event-stream")
 
 
 @pytest.mark.parametrize("name", RECORDINGS)
-async def test_recorded_streams_parse_in_the_sdk(upstream, proxy, name):
-    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-client", max_retries=0, timeout=10)
-    stream = await client.chat.completions.create(model=f"recorded:{name}", messages=MESSAGES, stream=True)
+async def test_recorded_streams_parse_in_the_sdk(rig, name):
+    client = openai.AsyncOpenAI(base_url=rig.base_url, api_key="sk-client", max_retries=0, timeout=10)
+    stream = await client.chat.completions.create(
+        model="gpt-4o", messages=MESSAGES, stream=True, extra_headers=replaying(name)
+    )
     chunks = [c async for c in stream]
     assert len(chunks) == (SSE_DIR / name).read_bytes().count(b"data: {")
     assert chunks[-1].usage is not None
 
 
 @pytest.mark.parametrize("name", RECORDINGS[:4])
-async def test_recorded_usage_chunk_is_stripped_exactly(upstream, make_proxy, name):
+async def test_recorded_usage_chunk_is_stripped_exactly(make_rig, name):
     service = RecordingService(strip_usage_chunk=True)
-    proxy = await make_proxy(upstream.url, context=service)
-    received, _ = await post_stream(f"{proxy.url}/chat/completions#{name}")
+    rig = await make_rig(context=service)
+    received, _ = await post_stream(rig.base_url, name)
     recorded = (SSE_DIR / name).read_bytes()
     assert received == recorded.replace(usage_event(recorded), b"")
     assert received.endswith(b"data: [DONE]\n\n")
