@@ -13,20 +13,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from proxy.config import AuthConfig, ConfigHolder, ServerConfig, Settings, StateConfig, UpstreamConfig
 from proxy.server import UPSTREAM, PathAccessLogger, create_app
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 
-
-def engine_available() -> bool:
-    """chat.py and its pipeline are importable (they land separately from the shell)."""
-    try:
-        import proxy.chat  # noqa: F401
-    except ImportError:
-        return False
-    return True
+# Every robustness test runs against the pass-through shell and against the real ContextService.
+ENGINES = [pytest.param(False, id="passthrough"), pytest.param(True, id="engine")]
 
 
 def closed_port() -> int:

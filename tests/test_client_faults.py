@@ -12,12 +12,7 @@ from aiohttp import web
 
 from proxy.simulator import SimulatorConfig
 from proxy.tokens import counter_for
-from tests.harness import Rig, chat_body, engine_available, settle, start_rig
-
-ENGINES = [
-    pytest.param(False, id="passthrough"),
-    pytest.param(True, id="engine", marks=pytest.mark.skipif(not engine_available(), reason="proxy.chat missing")),
-]
+from tests.harness import ENGINES, Rig, chat_body, settle, start_rig
 
 
 @pytest.fixture(params=ENGINES)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -71,10 +70,6 @@ async def test_a_direct_replay_on_a_small_window_counts_the_refused_turns():
     assert 0 < result.cached_tokens < result.prompt_tokens
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("proxy.server") is None or importlib.util.find_spec("proxy.chat") is None,
-    reason="the proxy shell (proxy.server) or engine (proxy.chat) is not in this tree yet",
-)
 def test_the_demo_replays_through_the_proxy_and_prints_its_table(capsys):
     assert main(["--turns", "70"]) == 0
     out = capsys.readouterr().out

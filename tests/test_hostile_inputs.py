@@ -15,15 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.harness import Rig, chat_body, engine_available, is_openai_error, start_rig
+from tests.harness import ENGINES, Rig, chat_body, is_openai_error, start_rig
 
 CLIENT_TIMEOUT_S = 30
 MAX_BODY_MB = 4
-
-ENGINES = [
-    pytest.param(False, id="passthrough"),
-    pytest.param(True, id="engine", marks=pytest.mark.skipif(not engine_available(), reason="proxy.chat missing")),
-]
 
 
 @pytest.fixture(params=ENGINES)

@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 
 from proxy.access import check_request, exposure_problem
 from proxy.simulator import SimulatorConfig
-from tests.harness import Rig, chat_body, engine_available, is_openai_error, make_settings, start_rig
+from tests.harness import ENGINES, Rig, chat_body, is_openai_error, make_settings, start_rig
 
 PROXY_KEYS = ("pk-alpha-7d1f0c2e", "pk-beta-93ab44e1")
 UPSTREAM_KEY = "sk-upstream-PLANTED-5e6f7a8b9c"
@@ -283,10 +283,8 @@ async def test_request_targets_and_host_headers_cannot_redirect_the_proxy() -> N
 
 # ---- logs and session isolation -----------------------------------------------------------------
 
-ENGINE = pytest.mark.skipif(not engine_available(), reason="proxy.chat missing")
 
-
-@pytest.mark.parametrize("engine", [False, pytest.param(True, marks=ENGINE)])
+@pytest.mark.parametrize("engine", ENGINES)
 async def test_no_key_prompt_or_completion_text_in_the_logs(env, caplog, engine: bool) -> None:
     caplog.set_level(logging.INFO)  # the CLI's default level
     rig = await keyed_rig(engine=engine)
@@ -309,7 +307,6 @@ async def test_no_key_prompt_or_completion_text_in_the_logs(env, caplog, engine:
         assert secret not in logged, secret
 
 
-@ENGINE
 async def test_a_session_is_never_shared_across_credentials(env) -> None:
     rig = await keyed_rig(engine=True, upstream_key=False)
     try:
@@ -330,7 +327,6 @@ async def test_a_session_is_never_shared_across_credentials(env) -> None:
         await rig.close()
 
 
-@ENGINE
 async def test_clients_with_different_proxy_keys_never_share_a_session(env) -> None:
     """With access keys and no upstream key the proxy key is stripped; it still tells the clients apart."""
     rig = await keyed_rig(engine=True, upstream_key=False)

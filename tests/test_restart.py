@@ -19,9 +19,7 @@ import pytest
 from proxy.config import ConfigHolder
 from proxy.context.policy import ModelInfo
 from proxy.simulator import SimulatorConfig, start_simulator
-from tests.harness import engine_available, make_settings, serve_proxy, settle
-
-pytestmark = pytest.mark.skipif(not engine_available(), reason="proxy.chat / proxy.state not landed yet")
+from tests.harness import make_settings, serve_proxy, settle
 
 MODEL = "sim-8k"
 TURNS = 14

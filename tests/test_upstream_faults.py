@@ -14,13 +14,9 @@ import aiohttp
 import pytest
 
 from proxy.simulator import BAD_GATEWAY, SimulatorConfig
-from tests.harness import Rig, chat_body, closed_port, engine_available, is_openai_error, settle, start_rig
+from tests.harness import ENGINES, Rig, chat_body, closed_port, is_openai_error, settle, start_rig
 
 READ_TIMEOUT_S = 0.6
-ENGINES = [
-    pytest.param(False, id="passthrough"),
-    pytest.param(True, id="engine", marks=pytest.mark.skipif(not engine_available(), reason="proxy.chat missing")),
-]
 _VOLATILE = re.compile(rb'"(id|created)":("[^"]*"|\d+)')
 
 
@@ -151,7 +147,6 @@ async def test_slow_headers_still_answer(rig: Rig) -> None:
     await assert_nothing_leaked(rig, tasks)
 
 
-@pytest.mark.skipif(not engine_available(), reason="proxy.chat missing")
 async def test_sessions_survive_every_fault() -> None:
     rig = await start_rig(
         sim_config=SimulatorConfig(fault_after_chunks=3), engine=True, upstream={"read_timeout_s": READ_TIMEOUT_S}
