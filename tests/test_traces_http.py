@@ -1,0 +1,198 @@
+"""The packaged agent traces replayed turn by turn through the real proxy, as the agents sent them.
+
+The official SDK streams each request (the whole history each time) through the proxy, with
+the real ContextService, to the simulator with a 32k window. The simulator refuses what is
+over its window and any request whose tool calls and results do not pair up, so an answer
+at all is already proof; the recorded upstream bodies are then checked turn against turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+import orjson
+import pytest
+import pytest_asyncio
+
+from proxy.chat import build_context_service
+from proxy.config import ConfigHolder, load_settings
+from proxy.context.clearing import PLACEHOLDER
+from proxy.context.messages import check_pairing, content_text
+from proxy.server import start
+from proxy.simulator import SIMULATOR, start_simulator
+from proxy.traces import Trace, list_traces, load_trace, requests
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+MODEL = "sim-32k"
+WINDOW = 32000
+RESERVE = 4096
+
+CONFIG = """
+[upstream]
+base_url = "{url}"
+
+[models."sim-*"]
+context_window = 32000
+encoding = "o200k_base"
+input_per_mtok = 2.50
+cached_input_per_mtok = 1.25
+output_per_mtok = 10.00
+
+[policy]
+reserve_output_tokens = 4096
+"""
+
+CAPSULES = """
+match = ["capsules-*"]
+
+[[capsules]]
+id = "tests"
+kind = "convention"
+tags = ["test"]
+text = "Run the repository's tests with `pytest -q` before and after a change."
+
+[[capsules]]
+id = "style"
+kind = "convention"
+text = "Keep changes minimal; do not reformat unrelated code."
+"""
+
+
+@dataclass
+class Replay:
+    """One trace sent through the proxy: per turn the client's messages, the headers, what went upstream."""
+
+    sent: list[list[dict[str, Any]]] = field(default_factory=list)
+    headers: list[Any] = field(default_factory=list)  # httpx.Headers: case-insensitive
+    upstream: list[list[dict[str, Any]]] = field(default_factory=list)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def proxy_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[str, Any]]:
+    """One simulator and one proxy for the module: each trace is replayed once, then checked many ways."""
+    folder = tmp_path_factory.mktemp("traces")
+    sim_runner, sim_url = await start_simulator()
+    (folder / "sessions").mkdir()
+    (folder / "sessions" / "capsules.toml").write_text(CAPSULES)
+    (folder / "proxy.toml").write_text(CONFIG.format(url=sim_url))
+    holder = ConfigHolder(load_settings(folder / "proxy.toml"))
+    runner, port = await start(holder, "127.0.0.1", 0, context=build_context_service(holder))
+    yield f"http://127.0.0.1:{port}", sim_runner.app[SIMULATOR]
+    await runner.cleanup()
+    await sim_runner.cleanup()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def replays(proxy_url: tuple[str, Any]) -> dict[str, Replay]:
+    root, sim = proxy_url
+    return {name: await replay(root, sim, load_trace(name), f"trace-{name}") for name in list_traces()}
+
+
+async def replay(root: str, sim: Any, trace: Trace, session: str, turns: int | None = None) -> Replay:
+    out = Replay()
+    extra = {"tools": trace.tools} if trace.tools else {}
+    async with openai.AsyncOpenAI(base_url=f"{root}/s/{session}/v1", api_key="sk-trace", max_retries=0) as sdk:
+        for k, (messages, _answer) in enumerate(requests(trace)):
+            if turns is not None and k == turns:
+                break
+            raw = await sdk.chat.completions.with_raw_response.create(
+                model=MODEL, messages=messages, stream=True, **extra
+            )
+            assert [chunk async for chunk in raw.parse()], f"turn {k + 1}: empty stream"
+            out.sent.append(messages)
+            out.headers.append(raw.headers)
+            out.upstream.append(sim.requests[-1].body["messages"])
+    return out
+
+
+def encoded(messages: list[dict[str, Any]]) -> list[bytes]:
+    return [orjson.dumps(m) for m in messages]
+
+
+@pytest.mark.parametrize("name", list_traces())
+async def test_every_turn_of_every_trace_reaches_a_32k_upstream_inside_the_window_and_valid(
+    replays: dict[str, Replay], name: str
+) -> None:
+    trace, run = load_trace(name), replays[name]
+
+    assert len(run.upstream) == trace.turns  # the simulator answered every turn: in its window, pairs valid
+    task = next(m for m in trace.messages if m["role"] == "user")
+    for k, (sent, upstream, headers) in enumerate(zip(run.sent, run.upstream, run.headers, strict=True)):
+        assert check_pairing(upstream) == [], f"turn {k + 1}"
+        assert int(headers["X-Context-Tokens-After"]) <= WINDOW - RESERVE, f"turn {k + 1}"
+        assert upstream[-1] == sent[-1], f"turn {k + 1}: the last message was altered"
+        assert task in upstream, f"turn {k + 1}: the task was dropped"
+
+
+@pytest.mark.parametrize("name", list_traces())
+async def test_between_epochs_each_upstream_request_extends_the_last_byte_for_byte(
+    replays: dict[str, Replay], name: str
+) -> None:
+    trace, run = load_trace(name), replays[name]
+
+    epochs = [k for k, h in enumerate(run.headers) if h["X-Context-Epoch"] == "1"]
+    assert len(epochs) <= max(2, trace.turns // 6), f"epochs at turns {epochs}: not rare batches"
+    for k in range(1, len(run.upstream)):
+        if k in epochs:
+            continue
+        before, now = encoded(run.upstream[k - 1]), encoded(run.upstream[k])
+        assert now[: len(before)] == before, f"turn {k + 1} changed the cached prefix without an epoch"
+
+
+@pytest.mark.parametrize("name", list_traces())
+async def test_cleared_outputs_stay_cleared_and_short_errors_are_never_cleared(
+    replays: dict[str, Replay], name: str
+) -> None:
+    run = replays[name]
+
+    cleared_before = 0
+    for k, upstream in enumerate(run.upstream):
+        cleared = sum(1 for m in upstream if m.get("content") == PLACEHOLDER)
+        dropped = "omitted]" in " ".join(content_text(m) or "" for m in upstream if m.get("role") == "system")
+        assert cleared >= cleared_before or dropped, f"turn {k + 1}: a cleared output came back"
+        cleared_before = cleared
+        sent_errors = [
+            m for m in run.sent[k] if m.get("role") == "tool" and (content_text(m) or "").startswith("Traceback")
+        ]
+        for error in sent_errors:
+            if len(error["content"]) < 2000:  # well under errors_keep_under (1000 tokens)
+                assert error in upstream or dropped, f"turn {k + 1}: a short error output was edited"
+
+
+async def test_capsules_are_injected_once_and_replayed_in_place(proxy_url: tuple[str, Any]) -> None:
+    root, sim = proxy_url
+    run = await replay(root, sim, load_trace("sweagent_marshmallow-1867.json"), "capsules-run", turns=8)
+
+    def capsule_positions(upstream: list[dict[str, Any]]) -> list[int]:
+        return [i for i, m in enumerate(upstream) if "pytest -q" in (content_text(m) or "")]
+
+    assert run.headers[0]["X-Context-Diff"].startswith("added=2 ")
+    first = capsule_positions(run.upstream[0])
+    assert len(first) == 1
+    for k in range(1, len(run.upstream)):
+        assert capsule_positions(run.upstream[k]) == first, f"turn {k + 1}: capsule moved or sent twice"
+        assert run.headers[k]["X-Context-Diff"].startswith("added=0 kept=2 "), run.headers[k]["X-Context-Diff"]
+
+
+async def test_regenerated_history_cuts_the_journal_and_arrives_as_edited(proxy_url: tuple[str, Any]) -> None:
+    root, sim = proxy_url
+    trace = load_trace("mini_django-11138.tools.json")
+    run = await replay(root, sim, trace, "regen", turns=30)
+
+    # The client regenerates an early answer: same history up to it, a different answer, new results.
+    history = run.sent[-1]
+    k = max(i for i in range(20) if history[i]["role"] == "assistant")
+    edited = {**history[k], "content": "THOUGHT: a different plan, regenerated by the client."}
+    results = [{"role": "tool", "tool_call_id": c["id"], "content": "regenerated"} for c in edited["tool_calls"]]
+    history = [*history[:k], edited, *results]
+    async with openai.AsyncOpenAI(base_url=f"{root}/s/regen/v1", api_key="sk-trace", max_retries=0) as sdk:
+        await sdk.chat.completions.create(model=MODEL, messages=history, tools=trace.tools)
+    upstream = sim.requests[-1].body["messages"]
+    assert upstream[-1] == history[-1]
+    assert edited in upstream
+    assert check_pairing(upstream) == []
+    assert encoded(upstream)[:3] == encoded(run.upstream[-1])[:3]  # the journal kept the aligned prefix
