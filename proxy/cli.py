@@ -66,13 +66,14 @@ def run_serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     try:
         settings = load_settings(args.config, args.upstream)
+        holder = ConfigHolder(settings, args.upstream)
+        context = _context_service(holder, args.passthrough)
     except ConfigError as exc:
         logging.getLogger("proxy.cli").error("%s", exc)
         return 2
-    holder = ConfigHolder(settings, args.upstream)
     host = args.host or settings.server.host
     port = args.port if args.port is not None else settings.server.port
-    serve(holder, host, port, context=_context_service(holder, args.passthrough))
+    serve(holder, host, port, context=context)
     return 0
 
 

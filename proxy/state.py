@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from proxy.config import StateConfig
+from proxy.config import ConfigError, StateConfig
 from proxy.context.journal import Journal
 from proxy.sessions import Session, TurnStats
 
@@ -66,11 +66,14 @@ class SessionStore:
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.executescript(_SCHEMA)
+            except (OSError, sqlite3.Error) as exc:
+                raise ConfigError(f"[state] path {path}: cannot use it as the session store: {exc}") from exc
         self._purged_at = float("-inf")
 
     @classmethod

@@ -91,3 +91,12 @@ def test_a_broken_config_is_a_clear_exit_code(tmp_path):
     bad = tmp_path / "proxy.toml"
     bad.write_text("[server\n")
     assert cli.main(["serve", "--config", str(bad)]) == 2
+
+
+def test_an_unusable_state_path_is_a_clear_start_up_error(tmp_path, caplog):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the state folder should be")
+    config = tmp_path / "proxy.toml"
+    config.write_text(f'[state]\npath = "{blocker}/journals.sqlite"\n')
+    assert cli.main(["serve", "--config", str(config)]) == 2
+    assert "cannot use it as the session store" in caplog.text
