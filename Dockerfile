@@ -1,6 +1,6 @@
 # context-proxy: slim image, non-root, config mounted at /config.
 #   docker build -t context-proxy .
-#   docker run -p 8787:8787 -v "$PWD/config:/config:ro" -e ADMIN_TOKEN=... context-proxy
+#   docker run -p 8787:8787 -v "$PWD/config:/config:ro" -v proxy-state:/data -e ADMIN_TOKEN=... context-proxy
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
@@ -8,7 +8,9 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
 COPY config /config
-RUN pip install . && useradd --system --uid 10001 --home /app proxy && chown -R proxy /app
+RUN pip install . && useradd --system --uid 10001 --home /app proxy && mkdir /data && chown -R proxy /app /data
+# state.path = "/data/journals.sqlite" keeps session journals across restarts.
+VOLUME /data
 
 USER proxy
 EXPOSE 8787
