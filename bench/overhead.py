@@ -63,6 +63,8 @@ class TargetRun:
     samples: list[Sample] = field(default_factory=list)
     seconds: float = 0.0  # wall time of this target's blocks (concurrency > 1)
     cpu_s: float = 0.0  # CPU time of the target's own process (relay, proxy)
+    sim_cpu_s: float = 0.0  # the simulator's CPU time during this target's blocks (concurrency > 1)
+    client_cpu_s: float = 0.0  # this (client) process's CPU time during this target's blocks (concurrency > 1)
 
     def summary(self, stream: bool) -> dict[str, float]:
         totals = [s.total_ms for s in self.samples]
@@ -76,6 +78,10 @@ class TargetRun:
             "rps": n / self.seconds if self.seconds else 1e3 / median(totals),
             "cpu_ms_per_req": self.cpu_s * 1e3 / n if n else 0.0,
             "events_ok": all(s.events == s.expected for s in self.samples) if stream else True,
+            "sim_cpu_ms_per_req": self.sim_cpu_s * 1e3 / n if n else 0.0,
+            "client_cpu_ms_per_req": self.client_cpu_s * 1e3 / n if n else 0.0,
+            # cores kept busy by client + simulator + the target's own process (2 on this machine = saturated)
+            "cores_busy": (self.client_cpu_s + self.sim_cpu_s + self.cpu_s) / self.seconds if self.seconds else 0.0,
         }
 
 
@@ -101,15 +107,25 @@ async def _block(client: aiohttp.ClientSession, url: str, body: bytes, n: int, c
 
 
 async def _blocks(
-    client: aiohttp.ClientSession, urls: dict[str, str], body: bytes, n: int, concurrency: int, rounds: int
+    client: aiohttp.ClientSession,
+    urls: dict[str, str],
+    body: bytes,
+    n: int,
+    concurrency: int,
+    rounds: int,
+    sim: Server | None = None,
 ) -> dict[str, TargetRun]:
     runs = {t: TargetRun() for t in TARGETS}
     per_block = max(concurrency, n // rounds)
     for r in range(rounds):
         for target in TARGETS[r % 3 :] + TARGETS[: r % 3]:
+            sim_before = sim.cpu_seconds() if sim else 0.0
+            client_before = time.process_time()
             started = time.perf_counter()
             runs[target].samples += await _block(client, urls[target], body, per_block, concurrency)
             runs[target].seconds += time.perf_counter() - started
+            runs[target].client_cpu_s += time.process_time() - client_before
+            runs[target].sim_cpu_s += (sim.cpu_seconds() - sim_before) if sim else 0.0
     return runs
 
 
@@ -125,7 +141,7 @@ async def _mode(
     if concurrency == 1:
         runs = await _serial(client, urls, body, n)
     else:
-        runs = await _blocks(client, urls, body, n, concurrency, rounds)
+        runs = await _blocks(client, urls, body, n, concurrency, rounds, servers.sim)
     for t, p in processes.items():
         runs[t].cpu_s = p.cpu_seconds() - cpu_before[t]
     out = {t: runs[t].summary(stream) for t in TARGETS}
@@ -226,10 +242,24 @@ def render(result: dict[str, Any]) -> str:
         "mode", "conc", "direct p50 ms", "relay +p50", "proxy +p50", "relay +p99", "proxy +p99",
         "relay +1st", "proxy +1st", "relay req/s", "proxy req/s", "thru proxy/relay", "CPU proxy/relay", "targets",
     ]  # fmt: skip
+    cpu_rows = []
+    for m in result["modes"]:
+        if m["concurrency"] == 1:
+            continue
+        for t in TARGETS:
+            c = m["targets"][t]
+            parts = [c.get("client_cpu_ms_per_req", 0.0), c.get("sim_cpu_ms_per_req", 0.0), c["cpu_ms_per_req"]]
+            kind = "stream" if m["stream"] else "json"
+            cpu_rows.append([kind, m["concurrency"], t, *parts, sum(parts), c.get("cores_busy", 0.0)])
+    cpu_header = ["mode", "conc", "target", "client CPU ms/req", "sim CPU ms/req", "own CPU ms/req", "total"]
+    cpu_header.append("cores busy")
     f = result["forwarding"]
     lines = [
         f"engine: {result['engine']}; body {result['modes'][0]['body_bytes']:,} bytes (json), added = vs direct",
         table(header, rows),
+        "",
+        "CPU per request at concurrency > 1 (client = this process, one aiohttp client; own = relay or proxy):",
+        table(cpu_header, cpu_rows),
         "",
         "forwarding check (32 chunks, 3 ms apart): "
         + ", ".join(f"{t} {f[t]['events']}/{f[t]['sent']} events in {f[t]['reads']} reads" for t in TARGETS)

@@ -157,10 +157,21 @@ async def wait_healthy(root: str, timeout: float = 20) -> None:
     raise RuntimeError("the proxy did not come up")
 
 
-async def sample_rss(pid: int, stop: asyncio.Event, peak: list[int]) -> None:
+async def sample_rss(pid: int, stop: asyncio.Event, peak: list[int], timeline: list[tuple[float, int]]) -> None:
+    started = time.monotonic()
     while not stop.is_set():
-        peak[0] = max(peak[0], rss_kb(pid))
+        rss = rss_kb(pid)
+        peak[0] = max(peak[0], rss)
+        timeline.append((time.monotonic() - started, rss))
         await asyncio.sleep(0.25)
+
+
+def rss_marks(timeline: list[tuple[float, int]], marks: int = 6) -> str:
+    """RSS at evenly spaced moments of the run: growth that levels off reads differently from a leak."""
+    if not timeline:
+        return "-"
+    picks = [timeline[min(len(timeline) - 1, round(k * (len(timeline) - 1) / marks))] for k in range(marks + 1)]
+    return ", ".join(f"{t:.0f} s {kb / 1024:.1f}" for t, kb in picks)
 
 
 async def eviction_check(root: str, max_sessions: int) -> tuple[bool, str]:
@@ -194,12 +205,15 @@ async def main(args: argparse.Namespace) -> int:
         )
         try:
             await wait_healthy(root)
+            await drive(sim_url + "/chat/completions", 2, args.concurrency, args.sessions)  # warm-up: connections
+            direct_started = time.monotonic()
             direct = await drive(sim_url + "/chat/completions", args.direct_seconds, args.concurrency, args.sessions)
+            direct_elapsed = time.monotonic() - direct_started
             await drive(root + "/v1/chat/completions", 3, args.sessions, args.sessions)  # warm-up: every session once
             await asyncio.sleep(2)
             rss_start = rss_kb(proxy.pid)
-            peak, stop = [rss_start], asyncio.Event()
-            sampler = asyncio.create_task(sample_rss(proxy.pid, stop, peak))
+            peak, stop, timeline = [rss_start], asyncio.Event(), []
+            sampler = asyncio.create_task(sample_rss(proxy.pid, stop, peak, timeline))
             started = time.monotonic()
             proxied = await drive(root + "/v1/chat/completions", args.seconds, args.concurrency, args.sessions)
             elapsed = time.monotonic() - started
@@ -208,6 +222,8 @@ async def main(args: argparse.Namespace) -> int:
             await asyncio.sleep(args.settle_seconds)
             rss_after = rss_kb(proxy.pid)
             evicted_ok, evicted_note = await eviction_check(root, args.max_sessions)
+            await asyncio.sleep(1)
+            rss_evicted = rss_kb(proxy.pid)  # every load session evicted by the check's sessions
             alive = proxy.poll() is None
         finally:
             proxy.terminate()
@@ -220,6 +236,8 @@ async def main(args: argparse.Namespace) -> int:
     ms = 1000.0
     print(f"load: {proxied.count} streamed requests in {elapsed:.1f} s ({proxied.count / elapsed:.0f}/s), "
           f"concurrency {args.concurrency}, {args.sessions} sessions, max_sessions {args.max_sessions}")  # fmt: skip
+    print(f"direct baseline: {direct.count} streamed requests in {direct_elapsed:.1f} s "
+          f"({direct.count / direct_elapsed:.0f}/s), same concurrency and sessions")  # fmt: skip
     print(f"errors: {len(proxied.errors)} proxied {sorted(set(proxied.errors))[:5]}, {len(direct.errors)} direct")
     for name, via, base in (("TTFB ", proxied.ttfb, direct.ttfb), ("total", proxied.total, direct.total)):
         print(
@@ -232,7 +250,9 @@ async def main(args: argparse.Namespace) -> int:
         print(f"mean total through the proxy {statistics.fmean(proxied.total) * ms:.1f} ms")
     change = (rss_after - rss_start) / rss_start
     print(f"proxy RSS: start {rss_start / 1024:.1f} MB, peak {peak[0] / 1024:.1f} MB, "
-          f"after {rss_after / 1024:.1f} MB ({change:+.1%} vs start)")  # fmt: skip
+          f"after {rss_after / 1024:.1f} MB ({change:+.1%} vs start), "
+          f"after the load sessions are evicted {rss_evicted / 1024:.1f} MB")  # fmt: skip
+    print(f"proxy RSS during the load (MB): {rss_marks(timeline)}")
     print(f"eviction (oldest idle first): {'ok' if evicted_ok else 'FAILED'} ({evicted_note})")
     checks = {
         "zero errors": not proxied.errors,
