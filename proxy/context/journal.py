@@ -17,7 +17,6 @@ from proxy.context.diff import ContextBlock, ContextDiff
 
 KEEP, CLEARED, CUT, DEDUPED, DROPPED = "keep", "cleared", "cut", "deduped", "dropped"
 DIGEST_SIZE = 16
-MAX_REPORTS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +122,6 @@ class Journal:
     snapshot: list[ContextBlock] = field(default_factory=list)  # the capsules selected last turn
     turn: int = 0
     epochs: int = 0
-    reports: list[TurnReport] = field(default_factory=list)
     # The clearing bound (tokens) at which the last plan did not pay: planning re-measures every
     # output, so no new plan is made until the bound has grown by `clear_at_least` (0 = none).
     unpaid_bound: int = 0
@@ -143,7 +141,6 @@ class Journal:
             bodies=dict(self.bodies),
             injections=list(self.injections),
             snapshot=list(self.snapshot),
-            reports=list(self.reports),
         )
 
     def align(self, digests: Sequence[bytes]) -> int:
@@ -181,7 +178,6 @@ class Journal:
     def record(self, report: TurnReport) -> None:
         self.turn = report.turn
         self.epochs += int(report.epoch)
-        self.reports = [*self.reports, report][-MAX_REPORTS:]
 
     def injected(self) -> set[str]:
         """Keys of the capsules already in the conversation."""
@@ -200,7 +196,6 @@ class Journal:
             "snapshot": [b.to_dict() for b in self.snapshot],
             "turn": self.turn,
             "epochs": self.epochs,
-            "reports": [r.to_dict() for r in self.reports],
             "unpaid_bound": self.unpaid_bound,
         }
 
@@ -218,6 +213,5 @@ class Journal:
             snapshot=[ContextBlock.from_dict(b) for b in data.get("snapshot", [])],
             turn=int(data.get("turn", 0)),
             epochs=int(data.get("epochs", 0)),
-            reports=[TurnReport.from_dict(r) for r in data.get("reports", [])],
             unpaid_bound=int(data.get("unpaid_bound", 0)),
         )
