@@ -64,7 +64,11 @@ async def _sessions_rss(server: Server, client: aiohttp.ClientSession, sessions:
 
 
 def session_state_traced(tokens: int) -> dict[str, Any]:
-    """In-process: bytes still allocated after one session's conversation, once the request bodies are gone."""
+    """In-process: bytes still allocated after one session's conversation, once the request bodies are gone.
+
+    Split in two: what the session owns (journal, stats) and what went into the shared, bounded
+    token-count cache (`proxy/tokens.py`, one LRU per encoding for every session).
+    """
     svc = service()
     warm = _conversation_steps("traced-warm", tokens, 4)
     for raw in warm:
@@ -72,17 +76,25 @@ def session_state_traced(tokens: int) -> dict[str, Any]:
     bodies = _conversation_steps(f"traced-{time.monotonic_ns()}", tokens, 4)
     conversation_bytes = len(bodies[-1])
     gc.collect()
-    tracemalloc.start()
+    tracemalloc.start(8)
     try:
-        base = tracemalloc.get_traced_memory()[0]  # the bodies were made before tracing: never counted
+        before = tracemalloc.take_snapshot()
         for raw in bodies:
             handle(svc, raw, "bench-traced")
         del bodies, raw
         gc.collect()
-        retained = tracemalloc.get_traced_memory()[0] - base
+        after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    return {"traced_per_session": retained, "conversation_bytes": conversation_bytes}
+    cache = tracemalloc.Filter(True, "*/proxy/tokens.py", all_frames=True)
+    retained = sum(d.size_diff for d in after.compare_to(before, "filename"))
+    in_cache = after.filter_traces([cache]).compare_to(before.filter_traces([cache]), "filename")
+    shared = sum(d.size_diff for d in in_cache)
+    return {
+        "traced_per_session": retained - shared,
+        "traced_shared_cache": shared,
+        "conversation_bytes": conversation_bytes,
+    }
 
 
 async def _peak_rss(server: Server, work: asyncio.Future, every_s: float = 0.02) -> int:
@@ -212,6 +224,8 @@ def render(result: dict[str, Any]) -> str:
             f"per idle session after a {sess['tokens']:,}-token conversation ({conv:,} bytes of JSON), "
             f"{sess['sessions']} sessions: RSS +{sess['rss_per_session'] / 1024:,.0f} KB "
             f"({sess['rss_per_session'] / conv:.1%} of the conversation); "
-            f"tracemalloc {sess['traced_per_session'] / 1024:,.0f} KB ({sess['traced_per_session'] / conv:.1%})",
+            f"tracemalloc: the session's own state {sess['traced_per_session'] / 1024:,.0f} KB "
+            f"({sess['traced_per_session'] / conv:.1%}), plus {sess['traced_shared_cache'] / 1024:,.0f} KB "
+            "into the shared, bounded token-count cache",
         ]
     )
