@@ -209,7 +209,9 @@ async def main(args: argparse.Namespace) -> int:
             direct_started = time.monotonic()
             direct = await drive(sim_url + "/chat/completions", args.direct_seconds, args.concurrency, args.sessions)
             direct_elapsed = time.monotonic() - direct_started
-            await drive(root + "/v1/chat/completions", 3, args.sessions, args.sessions)  # warm-up: every session once
+            # Warm-up at the load's own concurrency, so "start" already holds the working set of that many
+            # streams in flight (buffers, pooled connections, every session): what stays above it is growth.
+            await drive(root + "/v1/chat/completions", 5, args.concurrency, args.sessions)
             await asyncio.sleep(2)
             rss_start = rss_kb(proxy.pid)
             peak, stop, timeline = [rss_start], asyncio.Event(), []
