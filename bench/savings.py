@@ -92,6 +92,11 @@ def _settings(sim_url: str, d: float) -> Settings:
     return replace(settings, models=models, path="")  # path "": never reloaded from disk mid-run
 
 
+def _session_prefix(trace: Trace) -> str:
+    """Text-mode traces run as the shipped `config/sessions/swe-agent-text.toml` session, as a user would."""
+    return "swe-agent-text-bench-" if "(text mode" in trace.source else "bench-"
+
+
 async def run_savings(traces: list[str] | None = None, limit: int | None = None, plot: bool = True) -> dict[str, Any]:
     traces = traces or list_traces()
     sim_runner, sim_url = await start_simulator(SimulatorConfig(models=dict(MODELS), record_limit=4))
@@ -111,7 +116,7 @@ async def run_savings(traces: list[str] | None = None, limit: int | None = None,
                         runner, port = await server.start(holder, context=build_context_service(holder))
                         try:
                             sim.reset()
-                            session = f"http://127.0.0.1:{port}/s/bench-{time.monotonic_ns()}/v1"
+                            session = f"http://127.0.0.1:{port}/s/{_session_prefix(trace)}{time.monotonic_ns()}/v1"
                             proxied[d] = await replay(client, session, trace, model, limit)
                         finally:
                             await runner.cleanup()
