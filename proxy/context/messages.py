@@ -120,9 +120,15 @@ def units(messages: Sequence[Message]) -> list[tuple[int, int]]:
                 break
             pending.remove(answered)
             end += 1
+        if _legacy_call(messages[i]) and end < len(messages) and messages[end].get("role") == "function":
+            end += 1  # the deprecated function_call and its `function` result go together too
         spans.append((i, end))
         i = end
     return spans
+
+
+def _legacy_call(message: Message) -> bool:
+    return message.get("role") == "assistant" and isinstance(message.get("function_call"), dict)
 
 
 def check_pairing(messages: Sequence[Message]) -> list[str]:

@@ -69,3 +69,13 @@ def test_a_result_after_another_message_no_longer_pairs() -> None:
 def test_a_valid_conversation_has_no_problems() -> None:
     assert check_pairing([user(), call("a"), result("a"), {"role": "assistant", "content": "done"}]) == []
     assert check_pairing([]) == []
+
+
+def test_a_legacy_function_call_and_its_result_go_together():
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "function_call": {"name": "weather", "arguments": "{}"}},
+        {"role": "function", "name": "weather", "content": "sunny"},
+        {"role": "user", "content": "thanks"},
+    ]
+    assert units(messages) == [(0, 1), (1, 3), (3, 4)]
