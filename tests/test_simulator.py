@@ -394,3 +394,24 @@ async def test_a_client_that_leaves_mid_stream_is_counted_at_once(sim):
             break
         await asyncio.sleep(0.02)
     assert state.totals.disconnects == 1 and state.active_streams == 0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"max_completion_tokens": [None]},
+        {"max_tokens": {"a": 1}},
+        {"max_tokens": 0},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"id": {"x": 1}}]}]},
+    ],
+)
+async def test_malformed_fields_get_the_apis_400_not_a_crash(extra) -> None:
+    """Found by the hostile-input test through the proxy: the simulator answered 500 to these."""
+    runner, url = await start_simulator()
+    try:
+        body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], **extra}
+        async with aiohttp.ClientSession() as http, http.post(url + "/chat/completions", json=body) as response:
+            assert response.status == 400, await response.text()
+            assert "error" in await response.json()
+    finally:
+        await runner.cleanup()

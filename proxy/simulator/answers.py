@@ -44,8 +44,10 @@ def pairing_error(messages: list[dict]) -> tuple[str, str] | None:
             break
         calls = message.get("tool_calls") if message.get("role") == "assistant" else None
         calls_at = i if calls else -1
-        open_calls = {c.get("id") for c in calls if isinstance(c, dict)} if calls else set()
-        pending = [c.get("id") for c in calls if isinstance(c, dict)] if calls else []
+        ids = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+        if not all(isinstance(call_id, str) for call_id in ids):
+            return (f"Invalid type for 'messages.[{i}].tool_calls[].id': expected a string.", f"messages.[{i}]")
+        open_calls, pending = set(ids), list(ids)
     if pending:
         return (
             "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
@@ -68,6 +70,10 @@ def request_error(body: Any) -> web.Response | None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
             return openai_error(400, f"Invalid value for 'messages.[{i}].role'.", "invalid_request_error")
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            return openai_error(400, f"Invalid value for '{name}': expected an integer >= 1.", "invalid_request_error")
     problem = pairing_error(messages)
     return openai_error(400, problem[0], "invalid_request_error", param=problem[1]) if problem else None
 
