@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 
 import orjson
 import pytest
@@ -19,6 +20,8 @@ from tests.harness import ENGINES, Rig, chat_body, is_openai_error, start_rig
 
 CLIENT_TIMEOUT_S = 30
 MAX_BODY_MB = 4
+# Generated bodies per engine; HOSTILE_EXAMPLES=3000 for a longer hunt outside CI.
+EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "150"))
 
 
 @pytest.fixture(params=ENGINES)
@@ -125,7 +128,12 @@ raw_bodies = st.one_of(
 
 
 async def test_generated_bodies_get_a_4xx_or_are_forwarded(rig: Rig) -> None:
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(
+        max_examples=int(os.environ.get("HOSTILE_EXAMPLES", "150")),
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
     @given(raw=raw_bodies)
     def check(raw: bytes) -> None:
         status, data = post(rig.port, raw)
