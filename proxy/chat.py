@@ -106,7 +106,7 @@ class ChatTurn:
         self.body: dict = {}
         self.headers: dict[str, str] = {}
         self.strip_usage_chunk = False
-        self.stats = TurnStats(report={})
+        self.stats = TurnStats()
         self.outcome: Outcome | None = None
         self.correction = 1.0
 
@@ -127,7 +127,7 @@ class ChatTurn:
                 self.body["stream_options"] = {**options, "include_usage": True}
                 self.strip_usage_chunk = True
         self.headers = dict(outcome.report.headers())
-        self.stats.report = outcome.report.to_dict()
+        self.stats.report = outcome.report
         self.stats.model = self.inputs.model_name
         self.stats.retried = retried
         self.service.store.save(self.session)

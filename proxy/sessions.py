@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.context.journal import TurnReport
 from proxy.context.policy import ModelInfo
 from proxy.context.tokens import canonical_bytes
 
@@ -104,11 +105,11 @@ def cost_usd(model: ModelInfo, prompt_tokens: int, cached_tokens: int) -> float:
     return ((prompt_tokens - cached) * model.input_per_mtok + cached * model.cached_input_per_mtok) / 1e6
 
 
-@dataclass
+@dataclass(slots=True)
 class TurnStats:
     """One turn as `GET /sessions/{id}` shows it: the engine's report plus what the upstream billed."""
 
-    report: dict[str, Any]
+    report: TurnReport | None = None  # kept as the engine's object: half the memory of its dict form
     model: str = ""
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
@@ -118,7 +119,7 @@ class TurnStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            **self.report,
+            **(self.report.to_dict() if self.report is not None else {}),
             "model": self.model,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -132,7 +133,8 @@ class TurnStats:
         data = dict(data)
         fields = {k: data.pop(k) for k in ("model", "prompt_tokens", "cached_tokens", "retried") if k in data}
         costs = {k: data.pop(k) for k in ("cost_usd", "direct_cost_usd") if k in data}
-        return cls(report=data, **fields, **costs)
+        report = TurnReport.from_dict(data) if "turn" in data else None
+        return cls(report=report, **fields, **costs)
 
 
 @dataclass
@@ -162,14 +164,14 @@ class Session:
 
     def summary(self) -> dict[str, Any]:
         """The `GET /sessions` row: no message text."""
-        last = self.turns[-1].report if self.turns else {}
+        last = self.turns[-1].report if self.turns else None
         return {
             "id": visible_id(self.id),
             "key": self.id,  # the id scoped by the client's credential: where the state is kept
             "policy": self.policy,
             "turns": self.turn_count,
-            "tokens_before": last.get("tokens_before"),
-            "tokens_after": last.get("tokens_after"),
+            "tokens_before": last.tokens_before if last else None,
+            "tokens_after": last.tokens_after if last else None,
             "last_seen": self.last_seen,
         }
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.config import StateConfig
+from proxy.context.journal import TurnReport
 from proxy.context.policy import ModelInfo
 from proxy.sessions import (
     MAX_ID_LENGTH,
@@ -104,7 +105,7 @@ def test_cost_counts_cached_tokens_at_the_cached_price() -> None:
 
 def test_session_report_has_no_message_text() -> None:
     session = Session(id="s", journal=FakeJournal())
-    session.add_turn(TurnStats(report={"turn": 1, "tokens_before": 10, "tokens_after": 8}, prompt_tokens=9))
+    session.add_turn(TurnStats(report=TurnReport(turn=1, tokens_before=10, tokens_after=8), prompt_tokens=9))
     assert session.summary() == {
         "id": "s",
         "key": "s",
@@ -149,7 +150,9 @@ def test_sqlite_keeps_journals_across_a_restart(tmp_path) -> None:
     session.journal.entries.extend(["kept", "cleared"])
     session.policy = "agents"
     session.correction = 1.07
-    session.add_turn(TurnStats(report={"turn": 1}, prompt_tokens=120, cached_tokens=64))
+    session.add_turn(
+        TurnStats(report=TurnReport(turn=1, tokens_before=130, tokens_after=120), prompt_tokens=120, cached_tokens=64)
+    )
     store.save(session)
     store.close()
 
@@ -164,7 +167,7 @@ def test_cost_totals_cover_every_turn_though_details_are_bounded(tmp_path) -> No
     store = make_store(path=path)
     session = store.get("agent-long")
     for turn in range(MAX_TURNS_KEPT + 50):
-        session.add_turn(TurnStats(report={"turn": turn}, cost_usd=0.01, direct_cost_usd=0.02))
+        session.add_turn(TurnStats(report=TurnReport(turn, 10, 8), cost_usd=0.01, direct_cost_usd=0.02))
         session.cost_usd += 0.01
         session.direct_cost_usd += 0.02
     store.save(session)

@@ -57,7 +57,7 @@ class Injection:
         return {"role": "system", "content": self.text}
 
 
-@dataclass
+@dataclass(slots=True)
 class TurnReport:
     """What one turn did, for the response headers and `GET /sessions/{id}`."""
 
