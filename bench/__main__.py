@@ -1,4 +1,4 @@
-"""`python -m bench overhead|scaling|memory|savings|profile|smoke [-n N] [--json FILE]`: run, print the table."""
+"""`python -m bench overhead|scaling|memory|savings|profile|stall|smoke [-n N] [--json FILE]`: run, print the table."""
 
 from __future__ import annotations
 
@@ -46,6 +46,12 @@ def _profile(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return profile.run_profile(turns=ns.n or 60), profile.render
 
 
+def _stall(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import stall
+
+    return asyncio.run(stall.run_stall(rounds=ns.n or 3)), stall.render
+
+
 def _smoke(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import smoke
 
@@ -58,6 +64,7 @@ COMMANDS: dict[str, Runner] = {
     "memory": _memory,
     "savings": _savings,
     "profile": _profile,
+    "stall": _stall,
     "smoke": _smoke,
 }
 

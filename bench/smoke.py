@@ -6,7 +6,7 @@ import asyncio
 import importlib.util
 from typing import Any
 
-from bench import memory, overhead, profile, savings, scaling
+from bench import memory, overhead, profile, savings, scaling, stall
 from bench.procs import Servers
 
 
@@ -29,6 +29,7 @@ def run_smoke() -> dict[str, Any]:
         )
     out["scaling"] = scaling.run_scaling(sizes=(2000, 4000), warm_turns=2, firsts=1)
     out["savings"] = asyncio.run(savings.run_savings(["sweagent_marshmallow-1867.json"], limit=3, plot=False))
+    out["stall"] = asyncio.run(stall.run_stall(rounds=1, size=70_000))  # ~290 KB: over OFFLOAD_BYTES
     if importlib.util.find_spec("pyinstrument") is not None:  # a bench-only dependency: CI may not have it
         out["profile"] = profile.run_profile(tokens=3000, turns=3, write=False)
     return out
@@ -41,5 +42,6 @@ def render(result: dict[str, Any]) -> str:
         "scaling": scaling.render,
         "savings": savings.render,
         "profile": profile.render,
+        "stall": stall.render,
     }
     return "\n\n".join(f"## {name}\n{renderers[name](part)}" for name, part in result.items())

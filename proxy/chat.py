@@ -168,11 +168,12 @@ class ChatTurn:
         self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
         correction = self.service.correction_for(self.session, self.inputs)
-        outcome = self.inputs.run(self.journal_before, correction)
-        self.stats.retried = True
-        if outcome.rejected or outcome.messages == self.outcome.messages:
-            return None
-        self.apply(outcome, correction, retried=True)
+        with self.session.lock:
+            outcome = self.inputs.run(self.journal_before, correction)
+            self.stats.retried = True
+            if outcome.rejected or outcome.messages == self.outcome.messages:
+                return None
+            self.apply(outcome, correction, retried=True)
         return self.body
 
 
@@ -201,14 +202,15 @@ class ContextService:
             max_output_tokens=_max_output_tokens(body),
         )
         session = self.store.get(scoped_key(session_id, credential))
-        session.policy = policy.name
-        correction = self.correction_for(session, inputs)
-        outcome = inputs.run(session.journal, correction)
-        if outcome.rejected:
-            raise Rejected(400, outcome.rejected, "context_length_exceeded")
-        turn = ChatTurn(self, session, inputs, body, journal_before=session.journal)
-        session.add_turn(turn.stats)
-        turn.apply(outcome, correction)
+        with session.lock:
+            session.policy = policy.name
+            correction = self.correction_for(session, inputs)
+            outcome = inputs.run(session.journal, correction)
+            if outcome.rejected:
+                raise Rejected(400, outcome.rejected, "context_length_exceeded")
+            turn = ChatTurn(self, session, inputs, body, journal_before=session.journal)
+            session.add_turn(turn.stats)
+            turn.apply(outcome, correction)
         self._count(policy.name, outcome)
         return turn
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import inspect
 import ipaddress
@@ -15,6 +16,7 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import orjson
@@ -36,6 +38,12 @@ log = logging.getLogger("proxy.server")
 HOLDER = web.AppKey("holder", ConfigHolder)
 CONTEXT = web.AppKey("context", object)
 UPSTREAM = web.AppKey("upstream", Upstream)
+ENGINE_THREAD = web.AppKey("engine_thread", ThreadPoolExecutor)
+
+# Chat bodies at least this large are prepared on the engine's worker thread instead of the event
+# loop: a cold 200k-token conversation costs ~80 ms of CPU, much of it in tiktoken, which releases
+# the GIL, so other streams keep flowing meanwhile. Smaller bodies stay inline (a thread hop costs more).
+OFFLOAD_BYTES = 256 * 1024
 
 RELOAD_INTERVAL_S = 1.0
 ERROR_PEEK_BYTES = 64 * 1024  # an upstream 400 is read this far to see if it is a context overflow
@@ -111,13 +119,18 @@ def _upstream_tail(request: web.Request) -> str | None:
 
 async def _prepare(request: web.Request, body: dict, raw: bytes) -> PreparedTurn | web.Response:
     context = request.app[CONTEXT]
+    prepare = functools.partial(
+        context.prepare,
+        path_session=request.match_info.get("session"),
+        headers=request.headers,
+        body=body,
+        credential=_credential(request),
+    )
     try:
-        turn = context.prepare(
-            path_session=request.match_info.get("session"),
-            headers=request.headers,
-            body=body,
-            credential=_credential(request),
-        )
+        if len(raw) >= OFFLOAD_BYTES:  # a big conversation's engine work must not hold other streams
+            turn = await asyncio.get_running_loop().run_in_executor(request.app[ENGINE_THREAD], prepare)
+        else:
+            turn = prepare()
         if inspect.isawaitable(turn):
             turn = await turn
     except Rejected as exc:
@@ -311,6 +324,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     with contextlib.suppress(asyncio.CancelledError):
         await watcher
     await app[UPSTREAM].close()
+    app[ENGINE_THREAD].shutdown(wait=False)
 
 
 def create_app(
@@ -323,6 +337,8 @@ def create_app(
     app[HOLDER] = holder
     app[CONTEXT] = context if context is not None else PassthroughService()
     app[UPSTREAM] = upstream if upstream is not None else Upstream(holder)
+    # One worker: engine turns on it run one at a time, and each session's lock orders it with the loop.
+    app[ENGINE_THREAD] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="context-engine")
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
     router.add_post("/v1/chat/completions", chat_completions)

@@ -7,6 +7,7 @@ digests per message, never the conversation's text.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,6 +156,8 @@ class Session:
     # Input cost over every turn, proxied and as estimated direct (turn details are only the recent ones).
     cost_usd: float = 0.0
     direct_cost_usd: float = 0.0
+    # Held while a turn is prepared: the engine may run on a worker thread (large bodies) and on the loop.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add_turn(self, stats: TurnStats) -> None:
         self.turns.append(stats)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -40,6 +41,7 @@ class TokenCounter:
         self.encoding = get_encoding(encoding) if isinstance(encoding, str) else encoding
         self.cache_size = cache_size
         self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._lock = threading.Lock()  # the engine may count on its worker thread and on the event loop
 
     @property
     def name(self) -> str:
@@ -50,24 +52,30 @@ class TokenCounter:
         if len(text) < _CACHE_TEXT_FROM:
             return len(self.encoding.encode_ordinary(text))
         key = b"t" + hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-        cached = self._cache.get(key)
+        cached = self._recall(key)
         if cached is not None:
-            self._cache.move_to_end(key)
             return cached
         count = len(self.encoding.encode_ordinary(text))
         self._remember(key, count)
         return count
 
+    def _recall(self, key: bytes) -> int | None:
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+            return cached
+
     def _remember(self, key: bytes, count: int) -> None:
-        self._cache[key] = count
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[key] = count
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
 
     def count_message(self, message: dict[str, Any], digest: bytes | None = None) -> int:
         key = digest if digest is not None else hashlib.blake2b(canonical_bytes(message), digest_size=16).digest()
-        cached = self._cache.get(key)
+        cached = self._recall(key)
         if cached is not None:
-            self._cache.move_to_end(key)
             return cached
         count = self.count_text(message_text(message)) + framing(message)
         self._remember(key, count)

@@ -7,6 +7,7 @@ shell and the recorded OpenAI streams of tests/data/sse loaded (replayed by `X-S
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +75,14 @@ class RecordingService:
     calls: list[dict] = field(default_factory=list)
 
     def prepare(self, *, path_session, headers, body, credential) -> RecordingTurn:
-        self.calls.append({"path_session": path_session, "credential": credential, "body": body})
+        self.calls.append(
+            {
+                "path_session": path_session,
+                "credential": credential,
+                "body": body,
+                "thread": threading.current_thread().name,
+            }
+        )
         if self.fail_with is not None:
             raise self.fail_with
         if self.strip_usage_chunk and body.get("stream"):

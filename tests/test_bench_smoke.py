@@ -65,3 +65,9 @@ def test_profile_names_the_heaviest_functions(result: dict) -> None:
         pytest.skip("pyinstrument (bench extra) is not installed")
     profile = result["profile"]
     assert profile["ms_per_turn"] > 0 and profile["top_self"] and profile["top_inclusive"]
+
+
+def test_stall_reports_the_largest_gap_with_and_without_the_worker_thread(result: dict) -> None:
+    stall = result["stall"]
+    for mode in ("worker thread", "inline"):
+        assert len(stall[mode]) == 1 and stall[mode][0] > 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -45,6 +46,8 @@ class Outcome:
 
 
 _cuts: OrderedDict[tuple[bytes, int], Any] = OrderedDict()  # (digest, max_tokens) -> cut content
+_cuts_lock = threading.Lock()
+_MISSING = object()
 
 
 @dataclass
@@ -121,12 +124,15 @@ class _Turn:
 def _cut(message: Message, digest: bytes, max_tokens: int, counter: Counter) -> Message:
     """The head+tail cut of a message, cached: re-cutting would re-tokenize a huge text every turn."""
     key = (digest, max_tokens)
-    if key not in _cuts:
+    content = _cuts.get(key, _MISSING)
+    if content is _MISSING:
         cut = cut_oversized(message, counter, max_tokens)
-        _cuts[key] = message.get("content") if cut is None else cut["content"]
-        if len(_cuts) > 1024:
-            _cuts.popitem(last=False)
-    return {**message, "content": _cuts[key]}
+        content = message.get("content") if cut is None else cut["content"]
+        with _cuts_lock:  # the proxy may run the engine on a worker thread as well as on its event loop
+            _cuts[key] = content
+            if len(_cuts) > 1024:
+                _cuts.popitem(last=False)
+    return {**message, "content": content}
 
 
 def process(
