@@ -91,7 +91,7 @@ def _row(name: str, direct: Any, proxied: Any) -> str:
             return "-"
         return f"{value:,}" if isinstance(value, int) else str(value)
 
-    return f"  {name:<24}{cell(direct):>14}{cell(proxied):>14}"
+    return f"  {name:<28}{cell(direct):>14}{cell(proxied):>14}"
 
 
 def render(trace: Trace, model: str, info: ModelInfo, results: list[ReplayResult]) -> str:
@@ -101,7 +101,7 @@ def render(trace: Trace, model: str, info: ModelInfo, results: list[ReplayResult
         f"model {model}: window {info.context_window:,} tokens; input ${info.input_per_mtok:.2f}, "
         f"cached input ${info.cached_input_per_mtok:.2f} per million tokens",
         "",
-        "  " + " " * 24 + "".join(f"{r.label:>14}" for r in results),
+        "  " + " " * 28 + "".join(f"{r.label:>14}" for r in results),
     ]
     rows = [
         ("turns sent", [r.turns for r in results]),
@@ -109,11 +109,11 @@ def render(trace: Trace, model: str, info: ModelInfo, results: list[ReplayResult
         ("first failed turn", [r.first_failure for r in results]),
         ("prompt tokens billed", [r.prompt_tokens for r in results]),
         ("cached tokens", [r.cached_tokens for r in results]),
-        ("billed input", [f"${r.billed_input(info):.4f}" for r in results]),
+        ("billed input, all answered", [f"${r.billed_input(info):.4f}" for r in results]),
     ]
     both = min((r.first_failure or r.turns + 1) - 1 for r in results)
     if both < max(r.turns for r in results):
-        rows.append((f"  on turns 1-{both}", [f"${r.billed_input(info, both):.4f}" for r in results]))
+        rows.append((f"  same turns (1-{both})", [f"${r.billed_input(info, both):.4f}" for r in results]))
     lines += [_row(name, *values) for name, values in rows]
     lines.append("  (a refused turn is not billed; a real agent stops at its first one)")
     headers = results[-1].last_headers
