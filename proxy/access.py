@@ -5,7 +5,8 @@ key takes effect without a restart). A client presents one as `Authorization: Be
 or, when its own `Authorization` carries an upstream key, as `X-Proxy-Key`. A proxy key
 is never forwarded: `X-Proxy-Key` is removed, and a proxy key presented as Bearer is
 dropped unless `upstream.api_key_env` replaces it anyway. `/healthz`, `/metrics` and
-`/sessions` are not gated here (the last two have the admin token, in server.py).
+`/sessions` are not gated by proxy keys: the last two answer `admin_denied` (an admin token, or
+loopback clients only).
 """
 
 from __future__ import annotations
@@ -42,9 +43,39 @@ def access_keys(settings: Settings) -> tuple[str, ...]:
     return tuple(k.strip() for k in os.environ.get(env, "").split(",") if k.strip())
 
 
-def _bearer(headers: CIMultiDict[str]) -> str:
+def _authorization(headers: CIMultiDict[str]) -> tuple[bool, str]:
+    """Whether `Authorization` uses the Bearer scheme, and its credential (the whole value if not)."""
     value = headers.get("Authorization", "")
-    return value[7:].strip() if value[:7].lower() == "bearer " else ""
+    if value[:7].lower() == "bearer ":
+        return True, value[7:].strip()
+    return False, value.strip()
+
+
+def authorization_token(headers: CIMultiDict[str]) -> str:
+    """The client's credential as sent: the Bearer token, or a bare `Authorization` value."""
+    return _authorization(headers)[1]
+
+
+def _bearer(headers: CIMultiDict[str]) -> str:
+    """A Bearer token only: a bare `Authorization` value is no proxy key."""
+    is_bearer, token = _authorization(headers)
+    return token if is_bearer else ""
+
+
+def _presented_key(headers: CIMultiDict[str]) -> str:
+    """The proxy key a client presents: `X-Proxy-Key` if sent, else its Bearer token."""
+    explicit = headers.get(PROXY_KEY_HEADER)
+    return explicit if explicit is not None else _bearer(headers)
+
+
+def is_loopback(host: str | None) -> bool:
+    """A loopback address (or `localhost`), as a bind host or a client's remote address."""
+    if host is None:
+        return False
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def _matches(presented: str, keys: tuple[str, ...]) -> bool:
@@ -65,12 +96,8 @@ def unsafe_header(headers: CIMultiDict[str]) -> str | None:
 
 def exposure_problem(host: str, settings: Settings) -> str | None:
     """Why binding `host` is unsafe: off loopback, /sessions and /metrics need `server.admin_token_env` set."""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
     env = settings.server.admin_token_env
-    if loopback or (env and os.environ.get(env)):
+    if is_loopback(host) or (env and os.environ.get(env)):
         return None
     return f"binding {host} exposes /sessions and /metrics: set [server] admin_token_env to a variable holding a token"
 
@@ -85,9 +112,7 @@ def check_request(request: web.Request, settings: Settings) -> web.Response | CI
     explicit = request.headers.get(PROXY_KEY_HEADER)
     if not keys:
         return _without(request.headers, PROXY_KEY_HEADER) if explicit is not None else None
-    bearer = _bearer(request.headers)
-    presented = explicit if explicit is not None else bearer
-    if not _matches(presented.strip(), keys):
+    if not _matches(_presented_key(request.headers).strip(), keys):
         return error_response(
             401,
             f"This proxy needs an access key: send it as 'Authorization: Bearer <key>' or '{PROXY_KEY_HEADER}'.",
@@ -96,6 +121,19 @@ def check_request(request: web.Request, settings: Settings) -> web.Response | CI
     if explicit is None and not settings.upstream.api_key_env:
         return _without(request.headers, "Authorization")  # the proxy key is not the upstream's credential
     return _without(request.headers, PROXY_KEY_HEADER) if explicit is not None else None
+
+
+def admin_denied(request: web.Request, settings: Settings) -> web.Response | None:
+    """/metrics and /sessions: the admin token when configured, else loopback clients only."""
+    env = settings.server.admin_token_env
+    if env:
+        token = os.environ.get(env, "")
+        if token and hmac.compare_digest(authorization_token(request.headers).encode(), token.encode()):
+            return None
+        return error_response(401, "This route needs the proxy's admin token.", "invalid_admin_token")
+    if is_loopback(request.remote):
+        return None
+    return error_response(403, "This route is only served to loopback clients.", "admin_loopback_only")
 
 
 def _without(headers: CIMultiDict[str], name: str) -> CIMultiDict[str]:
@@ -112,10 +150,10 @@ def access_middleware(holder: ConfigHolder) -> Callable[[web.Request, Handler], 
         verdict = check_request(request, holder.settings)
         if isinstance(verdict, web.Response):
             return verdict
-        presented = request.headers.get(PROXY_KEY_HEADER) or _bearer(request.headers)
+        presented = _presented_key(request.headers)
         if verdict is not None:
             request = request.clone(headers=verdict)
-        if access_keys(holder.settings) and presented:
+        if presented and access_keys(holder.settings):
             request[CLIENT_CREDENTIAL] = presented.strip()  # sessions are scoped by who the client is
         return await handler(request)
 

@@ -9,11 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import inspect
-import ipaddress
 import logging
-import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +21,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from multidict import CIMultiDict
 
-from proxy.access import CLIENT_CREDENTIAL, access_middleware, exposure_problem
+from proxy.access import CLIENT_CREDENTIAL, access_middleware, admin_denied, authorization_token, exposure_problem
 from proxy.config import ConfigHolder, Settings
 from proxy.errors import error_response
 from proxy.metrics import METRICS
@@ -99,12 +96,8 @@ class _StreamedBody:
 def _credential(request: web.Request) -> str:
     """Who the client is, for session scoping: its proxy access key (if any) and its upstream bearer token."""
     proxy_key = request.get(CLIENT_CREDENTIAL)
-    return f"{proxy_key}\n{_bearer(request)}" if proxy_key else _bearer(request)
-
-
-def _bearer(request: web.Request) -> str:
-    value = request.headers.get("Authorization", "")
-    return value[7:].strip() if value[:7].lower() == "bearer " else value.strip()
+    token = authorization_token(request.headers)
+    return f"{proxy_key}\n{token}" if proxy_key else token
 
 
 def _upstream_tail(request: web.Request) -> str | None:
@@ -236,35 +229,15 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps(status), content_type="application/json")
 
 
-def _is_loopback(remote: str | None) -> bool:
-    try:
-        return remote is not None and ipaddress.ip_address(remote.split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
-def _admin_denied(request: web.Request) -> web.Response | None:
-    """/metrics and /sessions: the admin token when configured, else loopback clients only."""
-    env = request.app[HOLDER].settings.server.admin_token_env
-    if env:
-        token = os.environ.get(env, "")
-        if token and hmac.compare_digest(_bearer(request).encode(), token.encode()):
-            return None
-        return error_response(401, "This route needs the proxy's admin token.", "invalid_admin_token")
-    if _is_loopback(request.remote):
-        return None
-    return error_response(403, "This route is only served to loopback clients.", "admin_loopback_only")
-
-
 async def metrics(request: web.Request) -> web.Response:
-    if denied := _admin_denied(request):
+    if denied := admin_denied(request, request.app[HOLDER].settings):
         return denied
     body = METRICS.render().encode()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 async def sessions(request: web.Request) -> web.Response:
-    if denied := _admin_denied(request):
+    if denied := admin_denied(request, request.app[HOLDER].settings):
         return denied
     context = request.app[CONTEXT]
     session_id = request.match_info.get("session_id")
