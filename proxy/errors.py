@@ -19,19 +19,28 @@ _TYPES = {
 }
 
 
-def error_body(message: str, status: int = 400, code: str | None = None, param: str | None = None) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": message, "type": _TYPES.get(status, "api_error"), "param": param, "code": code}}
-    )
+def error_body(
+    message: str, status: int = 400, code: str | None = None, param: str | None = None, type_: str | None = None
+) -> bytes:
+    kind = type_ or _TYPES.get(status, "api_error")
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
 def error_response(
-    status: int, message: str, code: str | None = None, param: str | None = None, headers: dict | None = None
+    status: int,
+    message: str,
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict | None = None,
+    type_: str | None = None,
 ) -> web.Response:
-    """A JSON error response shaped like OpenAI's, so SDKs raise their usual exceptions."""
+    """A JSON error response shaped like OpenAI's, so SDKs raise their usual exceptions.
+
+    `type_` defaults to OpenAI's type for the status; the simulator names the API's exact one.
+    """
     return web.Response(
         status=status,
-        body=error_body(message, status, code, param),
+        body=error_body(message, status, code, param, type_),
         content_type="application/json",
         headers=headers,
     )

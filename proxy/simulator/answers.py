@@ -6,8 +6,9 @@ import itertools
 import json
 from typing import Any
 
-import orjson
 from aiohttp import web
+
+from proxy.errors import error_response
 
 FINGERPRINT = "fp_sim0c0ffee"
 
@@ -16,8 +17,7 @@ def openai_error(
     status: int, message: str, type_: str, code: str | None = None, param: str | None = None, headers: Any = None
 ) -> web.Response:
     """An error exactly as the real API words and shapes it (key order included)."""
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return web.json_response(body, status=status, headers=headers, dumps=lambda v: orjson.dumps(v).decode())
+    return error_response(status, message, code, param, headers, type_=type_)
 
 
 def pairing_error(messages: list[dict]) -> tuple[str, str] | None:
