@@ -48,21 +48,25 @@ def _capsule(spec: CapsuleSpec) -> Capsule:
     return Capsule(id=spec.id, kind=spec.kind, text=spec.text, tags=list(spec.tags), confidence=spec.confidence)
 
 
+def _count(value: Any) -> int | None:
+    """A token count from a JSON body: a whole number >= 0 (JSON's true/false are not counts)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _max_output_tokens(body: Mapping[str, Any]) -> int | None:
     for key in ("max_completion_tokens", "max_tokens"):
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if value := _count(body.get(key)):
             return value
     return None
 
 
 def _usage_numbers(usage: Mapping[str, Any]) -> tuple[int, int] | None:
-    prompt = usage.get("prompt_tokens")
-    if not isinstance(prompt, int) or isinstance(prompt, bool) or prompt < 0:
+    prompt = _count(usage.get("prompt_tokens"))
+    if prompt is None:
         return None
     details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return prompt, cached if isinstance(cached, int) and not isinstance(cached, bool) else 0
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return prompt, cached or 0
 
 
 @dataclass(frozen=True)
