@@ -374,8 +374,11 @@ def _cut_oversized(turn: _Turn, visible: list[int]) -> int:
     limit = oversized_limit(turn.usable, turn.policy.max_message_share)
     cut = 0
     for i in visible[:-1]:
-        big = turn.state.decisions[i] is KEPT and turn.state.sent[i] > limit
-        if big and cut_oversized(turn.messages[i], turn.counter, limit) is not None:
+        message = turn.messages[i]
+        if turn.state.decisions[i] is not KEPT or turn.state.sent[i] <= limit:
+            continue
+        # `_cut` caches the cut it makes, so recording the decision below does not cut the message again.
+        if _cut(message, turn.state.digests[i], limit, turn.counter)["content"] != message.get("content"):
             turn.decide(i, Decision(CUT, max_tokens=limit))
             cut += 1
     return cut
