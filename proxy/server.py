@@ -346,7 +346,11 @@ async def start(
     upstream: Upstream | None = None,
 ) -> tuple[web.AppRunner, int]:
     """Serve the proxy in the running loop; returns the runner (`await runner.cleanup()`) and the bound port."""
-    app = create_app(holder, context=context, upstream=upstream)
+    return await serve_app(create_app(holder, context=context, upstream=upstream), host, port)
+
+
+async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
+    """Serve an app from `create_app` the way the proxy runs: handlers cancelled on disconnect, paths-only log."""
     runner = web.AppRunner(
         app,
         handler_cancellation=True,  # a client that hangs up cancels its handler, and so its upstream request

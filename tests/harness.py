@@ -7,7 +7,6 @@ the proxy with the access middleware installed; the tests talk to it over real s
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config import AuthConfig, ConfigHolder, ServerConfig, Settings, StateConfig, UpstreamConfig
-from proxy.server import UPSTREAM, PathAccessLogger, create_app
+from proxy.server import UPSTREAM, create_app, serve_app
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 
 # Every robustness test runs against the pass-through shell and against the real ContextService.
@@ -51,17 +50,7 @@ async def serve_proxy(holder: ConfigHolder, context: Any = None, outer: tuple = 
     app = create_app(holder, context=context)
     for middleware in reversed(outer):
         app.middlewares.insert(0, middleware)
-    runner = web.AppRunner(
-        app,
-        handler_cancellation=True,
-        access_log_class=PathAccessLogger,
-        access_log=logging.getLogger("proxy.access"),
-        shutdown_timeout=1.0,
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, runner.addresses[0][1]
+    return await serve_app(app)
 
 
 @dataclass
