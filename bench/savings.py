@@ -9,7 +9,6 @@ runs with the model table's cached price set to that d, since its epoch decision
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from bench.stats import table
 from proxy import server
 from proxy.chat import build_context_service
 from proxy.config import ConfigHolder, Settings, load_settings
+from proxy.relay import overflow_tokens
 from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from proxy.traces import Trace, list_traces, load_trace, requests
 
@@ -30,7 +30,6 @@ DISCOUNTS = (1.0, 0.5, 0.1)
 PLOT_TRACE = "mini_django-11138.tools.json"
 PLOT_DISCOUNT = 0.5
 RESULTS = Path(__file__).resolve().parent / "results"
-_REFUSED_TOKENS = re.compile(r"resulted in (\d+) tokens|\((\d+) in the messages")
 
 
 @dataclass
@@ -70,14 +69,14 @@ async def replay(client: aiohttp.ClientSession, base: str, trace: Trace, model: 
         if trace.tools:
             body["tools"] = trace.tools
         async with client.post(base + "/chat/completions", data=orjson.dumps(body), headers=headers) as response:
-            payload = orjson.loads(await response.read())
+            raw = await response.read()
             turn = Turn(response.status, epoch=response.headers.get("X-Context-Epoch") == "1")
         if turn.status == 200:
-            usage = payload["usage"]
+            usage = orjson.loads(raw)["usage"]
             turn.prompt = usage["prompt_tokens"]
             turn.cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        elif match := _REFUSED_TOKENS.search(str((payload.get("error") or {}).get("message", ""))):
-            turn.prompt = int(match.group(1) or match.group(2))
+        elif (refused := overflow_tokens(raw)) is not None:  # the size the refused request would have had
+            turn.prompt = refused
         out.turns.append(turn)
     return out
 
