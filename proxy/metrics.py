@@ -9,7 +9,8 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from operator import itemgetter
 
 LabelKey = tuple[str, ...]
 
@@ -20,8 +21,16 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _no_labels(labels: dict[str, str]) -> LabelKey:
+    return ()
+
+
+def _label_order(item: tuple[LabelKey, object]) -> list[str]:
+    return [str(v) for v in item[0]]
+
+
 def _labels(names: tuple[str, ...], values: LabelKey, extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
+    parts = [f'{n}="{_escape(str(v))}"' for n, v in zip(names, values, strict=True)]
     if extra:
         parts.append(extra)
     return "{" + ",".join(parts) + "}" if parts else ""
@@ -40,13 +49,20 @@ class _Metric:
         self.name = name
         self.help = help
         self.label_names = tuple(labels)
-        self._label_set = frozenset(self.label_names)
         self._lock = threading.Lock()
+        # Every request increments several metrics: the label tuple is picked in C, not built in a loop.
+        names = self.label_names
+        self._pick: Callable[[dict[str, str]], LabelKey] = (
+            itemgetter(*names) if len(names) > 1 else (lambda labels: (labels[names[0]],)) if names else _no_labels
+        )
 
     def _key(self, labels: dict[str, str]) -> LabelKey:
-        if labels.keys() != self._label_set:
-            raise ValueError(f"{self.name} takes labels {self.label_names}, got {tuple(labels)}")
-        return tuple([str(labels[n]) for n in self.label_names])
+        if len(labels) == len(self.label_names):
+            try:
+                return self._pick(labels)
+            except KeyError:
+                pass
+        raise ValueError(f"{self.name} takes labels {self.label_names}, got {tuple(labels)}")
 
     def header(self) -> list[str]:
         return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
@@ -71,7 +87,7 @@ class Counter(_Metric):
 
     def render(self) -> list[str]:
         lines = self.header()
-        for key, value in sorted(self._values.items()):
+        for key, value in sorted(self._values.items(), key=_label_order):
             lines.append(f"{self.name}{_labels(self.label_names, key)} {_number(value)}")
         return lines
 
@@ -118,7 +134,7 @@ class Histogram(_Metric):
 
     def render(self) -> list[str]:
         lines = self.header()
-        for key, series in sorted(self._series.items()):
+        for key, series in sorted(self._series.items(), key=_label_order):
             running = 0.0
             for bound, hits in zip(self.buckets, series, strict=False):
                 running += hits
