@@ -28,6 +28,9 @@ BROKEN_STREAMS = METRICS.counter(
 )
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_EVENT_ENDINGS = (b"\r\n\r\n", b"\n\n", b"\r\r")  # what _EVENT_END finds, at a chunk's end
+# A usage object, not `"usage": null` (which OpenAI puts in every chunk once usage is asked for).
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 _MAX_JSON_CAPTURE = 8 * 1024 * 1024  # a non-streaming body kept aside for its usage, up to this size
 _OVERFLOW_PATTERNS = (
     re.compile(r"resulted in (\d+) tokens"),
@@ -49,6 +52,8 @@ class SseUsageFilter:
         self._pending = bytearray()
 
     def feed(self, chunk: bytes) -> bytes:
+        if not self._pending and chunk.endswith(_EVENT_ENDINGS) and not _USAGE_OBJECT.search(chunk):
+            return chunk  # whole events, none with usage: nothing to read or hold (most chunks)
         self._pending += chunk
         out = bytearray()
         start = 0
@@ -70,7 +75,7 @@ class SseUsageFilter:
 
     def _read(self, event: bytes) -> bool:
         """Record the event's usage; True when it is a usage-only chunk (`choices == []`)."""
-        if b'"usage"' not in event:
+        if not _USAGE_OBJECT.search(event):
             return False
         data = b"\n".join(line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:"))
         try:

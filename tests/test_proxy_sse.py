@@ -91,6 +91,23 @@ def test_the_filter_strips_only_the_usage_only_event(separator):
     assert sse.usage == {"prompt_tokens": 3}
 
 
+@pytest.mark.parametrize("separator", [b"\n\n", b"\r\n\r\n", b"\r\r"])
+def test_the_filter_reads_whole_event_chunks_as_the_upstream_sends_them(separator):
+    """One read per event (the usual case): chunks with `"usage": null` pass whole, the usage object is read."""
+    events = [
+        b'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}',
+        b'data: {"choices":[{"delta":{"content":"\\"usage\\": {"}}], "usage": null}',
+        b'data: {"choices":[], "usage" : {"prompt_tokens":5}}',
+        b"data: [DONE]",
+    ]
+    chunks = [e + separator for e in events]
+    for strip in (False, True):
+        sse = SseUsageFilter(strip_usage_chunk=strip)
+        out = b"".join(sse.feed(c) for c in chunks) + sse.finish()
+        assert out == b"".join(chunks[i] for i in range(4) if not (strip and i == 2))
+        assert sse.usage == {"prompt_tokens": 5}
+
+
 def test_the_filter_keeps_a_usage_chunk_that_also_has_choices():
     data = b'data: {"choices":[{"delta":{}}],"usage":{"prompt_tokens":3}}\n\n'
     sse = SseUsageFilter(strip_usage_chunk=True)
