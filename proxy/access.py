@@ -150,10 +150,10 @@ def access_middleware(holder: ConfigHolder) -> Callable[[web.Request, Handler], 
         verdict = check_request(request, holder.settings)
         if isinstance(verdict, web.Response):
             return verdict
-        presented = _presented_key(request.headers)
+        presented = _presented_key(request.headers) if access_keys(holder.settings) else ""
         if verdict is not None:
             request = request.clone(headers=verdict)
-        if presented and access_keys(holder.settings):
+        if presented:
             request[CLIENT_CREDENTIAL] = presented.strip()  # sessions are scoped by who the client is
         return await handler(request)
 

@@ -6,6 +6,7 @@ after `/v1`, its query string, its end-to-end headers and its body.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -63,6 +64,16 @@ def end_to_end(headers: Mapping[str, str], also_drop: frozenset[str] = frozenset
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _parsed(base_url: str) -> URL:
+    return URL(base_url)
+
+
+@functools.lru_cache(maxsize=8)
+def _timeout(connect_s: float, read_s: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=None, connect=connect_s, sock_read=read_s)
+
+
 class Upstream:
     """One pooled `aiohttp.ClientSession` to the configured upstream; open with `start()`."""
 
@@ -83,7 +94,7 @@ class Upstream:
 
     def url_for(self, tail: str, query_string: str = "") -> URL:
         """`base_url` joined with the (raw, still-encoded) path after `/v1`."""
-        base = URL(self.holder.settings.upstream.base_url)
+        base = _parsed(self.holder.settings.upstream.base_url)
         path = base.raw_path.rstrip("/") + "/" + tail.lstrip("/")
         return URL.build(
             scheme=base.scheme,
@@ -134,7 +145,7 @@ class Upstream:
             out["Content-Length"] = str(len(body))
         elif body is not None and content_length is not None:
             out["Content-Length"] = str(content_length)
-        timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s, sock_read=config.read_timeout_s)
+        timeout = _timeout(config.connect_timeout_s, config.read_timeout_s)
         url = self.url_for(tail, query_string)
         started = time.monotonic()
         try:
