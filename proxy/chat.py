@@ -15,6 +15,7 @@ from typing import Any
 
 from proxy.config import CapsuleSpec, ConfigHolder
 from proxy.context.capsules import Capsule
+from proxy.context.messages import message_digest
 from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ModelInfo, Policy
 from proxy.metrics import METRICS
@@ -74,6 +75,7 @@ class _Inputs:
     """Everything `process()` takes besides the journal and the correction, fixed for the turn."""
 
     messages: list[dict[str, Any]]
+    digests: list[bytes]  # each message's `message_digest`, computed once for the session id and the engine
     tools: Any
     policy: Policy
     model_name: str
@@ -93,6 +95,7 @@ class _Inputs:
             capsules=self.capsules,
             max_output_tokens=self.max_output_tokens,
             correction=correction,
+            digests=self.digests,
         )
 
 
@@ -191,12 +194,14 @@ class ContextService:
 
     def prepare(self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str) -> ChatTurn:
         settings = self.holder.settings
-        session_id = session_id_for(path_session, headers, body, credential)
+        digests = [message_digest(m) for m in body["messages"]]
+        session_id = session_id_for(path_session, headers, body, credential, digests)
         policy, specs = settings.policy_for(session_id)
         model_name = str(body.get("model") or "")
         model = settings.model(model_name)
         inputs = _Inputs(
             messages=body["messages"],
+            digests=digests,
             tools=body.get("tools"),
             policy=policy,
             model_name=model_name,

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.context.journal import TurnReport
+from proxy.context.messages import message_digest
 from proxy.context.policy import ModelInfo
-from proxy.context.tokens import canonical_bytes
 
 MAX_ID_LENGTH = 128
 SESSION_HEADER = "x-session-id"
@@ -45,29 +45,31 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return value
 
 
-def _first(messages: Any, roles: tuple[str, ...]) -> Any:
-    if not isinstance(messages, list):
-        return None
-    return next((m.get("content") for m in messages if isinstance(m, dict) and m.get("role") in roles), None)
+def _first(messages: list, roles: tuple[str, ...]) -> int | None:
+    return next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") in roles), None)
 
 
-def fingerprint(credential: str, body: Mapping[str, Any]) -> str:
-    """A session id from who is asking and how the conversation starts.
+def fingerprint(credential: str, body: Mapping[str, Any], digests: Sequence[bytes] | None = None) -> str:
+    """A session id from who is asking and how the conversation starts (its first system and user messages).
 
     The credential is part of it, so two users with the same system prompt and task never share a session.
+    `digests`, when the caller has them, are the messages' `message_digest`s (not recomputed).
     """
     messages = body.get("messages")
-    parts = (
-        credential.encode("utf-8", "surrogatepass"),
-        canonical_bytes(_first(messages, ("system", "developer"))),
-        canonical_bytes(_first(messages, ("user",))),
-    )
-    digest = hashlib.sha256(b"\x00".join(hashlib.sha256(p).digest() for p in parts)).hexdigest()
-    return f"fp-{digest[:32]}"
+    messages = messages if isinstance(messages, list) else []
+    hasher = hashlib.sha256(hashlib.sha256(credential.encode("utf-8", "surrogatepass")).digest())
+    for roles in (("system", "developer"), ("user",)):
+        i = _first(messages, roles)
+        hasher.update(b"-" if i is None else digests[i] if digests is not None else message_digest(messages[i]))
+    return f"fp-{hasher.hexdigest()[:32]}"
 
 
 def session_id_for(
-    path_session: str | None, headers: Mapping[str, str], body: Mapping[str, Any], credential: str
+    path_session: str | None,
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    credential: str,
+    digests: Sequence[bytes] | None = None,
 ) -> str:
     """SPEC §2's order: the `/s/{id}/v1` path, `X-Session-Id`, `metadata.session_id`, else a fingerprint."""
     metadata = body.get("metadata")
@@ -80,7 +82,7 @@ def session_id_for(
         session_id = sanitize_session_id(raw)
         if session_id:
             return session_id
-    return fingerprint(credential, body)
+    return fingerprint(credential, body, digests)
 
 
 def scoped_key(session_id: str, credential: str) -> str:

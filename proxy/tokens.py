@@ -9,6 +9,7 @@ from typing import Any
 
 import tiktoken
 
+from proxy.context.messages import message_digest
 from proxy.context.tokens import REPLY_PRIMING, canonical_bytes, framing, message_text
 from proxy.encodings import get_encoding
 
@@ -51,7 +52,7 @@ class TokenCounter:
         """Tokens of `text`; long texts are cached by digest, since encoding costs far more than hashing."""
         if len(text) < _CACHE_TEXT_FROM:
             return len(self.encoding.encode_ordinary(text))
-        key = b"t" + hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        key = b"t" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:16]
         cached = self._recall(key)
         if cached is not None:
             return cached
@@ -73,7 +74,7 @@ class TokenCounter:
                 self._cache.popitem(last=False)
 
     def count_message(self, message: dict[str, Any], digest: bytes | None = None) -> int:
-        key = digest if digest is not None else hashlib.blake2b(canonical_bytes(message), digest_size=16).digest()
+        key = digest if digest is not None else message_digest(message)
         cached = self._recall(key)
         if cached is not None:
             return cached

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.context.diff import ContextBlock, ContextDiff
@@ -131,8 +131,7 @@ class Journal:
 
     def copy(self) -> Journal:
         """An independent journal: `process` edits a copy and never the caller's."""
-        return replace(
-            self,
+        return Journal(
             digests=list(self.digests),
             tokens=list(self.tokens),
             sent=list(self.sent),
@@ -141,6 +140,9 @@ class Journal:
             bodies=dict(self.bodies),
             injections=list(self.injections),
             snapshot=list(self.snapshot),
+            turn=self.turn,
+            epochs=self.epochs,
+            unpaid_bound=self.unpaid_bound,
         )
 
     def align(self, digests: Sequence[bytes]) -> int:

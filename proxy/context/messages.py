@@ -15,8 +15,12 @@ Message = dict[str, Any]
 
 
 def message_digest(message: Message) -> bytes:
-    """16 bytes that change whenever anything the client sent in the message changes."""
-    return hashlib.blake2b(canonical_bytes(message), digest_size=16).digest()
+    """16 bytes that change whenever anything the client sent in the message changes.
+
+    SHA-256, cut to 16 bytes: with the CPU's SHA instructions it hashes a long conversation in
+    about two thirds of blake2b's time, and every message of every request is hashed.
+    """
+    return hashlib.sha256(canonical_bytes(message)).digest()[:16]
 
 
 def message_ids(messages: Sequence[Message], digests: Sequence[bytes] | None = None) -> list[str]:

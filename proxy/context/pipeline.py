@@ -146,8 +146,12 @@ def process(
     capsules: Sequence[Capsule] = (),
     max_output_tokens: int | None = None,
     correction: float = 1.0,
+    digests: Sequence[bytes] | None = None,
 ) -> Outcome:
-    """The messages to forward for this turn; does not mutate `journal`."""
+    """The messages to forward for this turn; does not mutate `journal`.
+
+    `digests`, when the caller has them, are the messages' `message_digest`s (not recomputed).
+    """
     state = journal.copy()
     reserve = max_output_tokens or policy.reserve_output_tokens
     tools_tokens = counter.count_text(_tools_text(tools)) if tools else 0
@@ -162,7 +166,8 @@ def process(
         correction=correction,
         observations=compile_patterns(policy.clear_tool_outputs.observation_patterns),
     )
-    digests = [message_digest(m) for m in messages]
+    if digests is None:
+        digests = [message_digest(m) for m in messages]
     turn.first_new = state.align(digests)
     deduped = _record(turn, turn.first_new, digests)
     out, counts = turn.render()
@@ -195,7 +200,7 @@ def _record(turn: _Turn, aligned: int, digests: Sequence[bytes]) -> int:
     deduped = 0
     for i in range(aligned, len(messages)):
         message = messages[i]
-        tokens = turn.counter.count_message(message)
+        tokens = turn.counter.count_message(message, digests[i])
         output = is_tool_output(message, turn.observations)
         state.append(digests[i], tokens, tokens, output)
         body = body_digest(message) if output and turn.policy.dedup else None

@@ -20,7 +20,9 @@ REPLY_PRIMING = 3
 class Counter(Protocol):
     def count_text(self, text: str) -> int: ...
 
-    def count_message(self, message: dict[str, Any]) -> int: ...
+    def count_message(self, message: dict[str, Any], digest: bytes | None = None) -> int:
+        """`digest`, when the caller has it, is the message's `message_digest` (a cache may key on it)."""
+        ...
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -64,7 +66,7 @@ class HeuristicCounter:
     def count_text(self, text: str) -> int:
         return (len(text) + 3) // 4
 
-    def count_message(self, message: dict[str, Any]) -> int:
+    def count_message(self, message: dict[str, Any], digest: bytes | None = None) -> int:
         return self.count_text(message_text(message)) + framing(message)
 
 

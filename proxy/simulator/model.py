@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.context.messages import message_digest
 from proxy.context.tokens import REPLY_PRIMING, canonical_bytes
 from proxy.tokens import counter_for, encoding_for_model
 
@@ -112,7 +113,7 @@ class Simulator:
             total = counter.count_text(json.dumps(tools)) + self.config.hidden_tokens_per_tool * len(tools)
         chain = [(running.digest(), total)]
         for message in messages:
-            digest = hashlib.blake2b(canonical_bytes(message), digest_size=16).digest()
+            digest = message_digest(message)
             total += counter.count_message(message, digest) + self.config.hidden_tokens_per_message
             running.update(digest)
             chain.append((running.digest(), total))

@@ -56,3 +56,9 @@ def test_copy_is_independent():
     copy = journal.copy()
     copy.cut(1)
     assert len(journal) == len(agent(4)) and len(copy) == 1
+
+
+def test_copy_carries_every_field():
+    journal = journal_after(agent(4))
+    journal.turn, journal.epochs, journal.unpaid_bound = 7, 2, 1500
+    assert journal.copy() == journal  # a field added to Journal but not to copy() would differ here
