@@ -33,6 +33,10 @@ _CLEARED = Decision(CLEARED)
 _DROPPED = Decision(DROPPED)
 # Tool outputs among the last this many messages are never cleared, whatever `keep_tokens` says.
 RECENT_MESSAGES = 6
+# A clearing plan that did not pay is made again only once its bound has grown by `clear_at_least`
+# and by 1/REPLAN_GROWTH of itself: a plan walks the whole conversation, so on a long one this
+# keeps planning to one turn in many instead of every turn that adds a tool output.
+REPLAN_GROWTH = 8
 
 
 @dataclass
@@ -87,31 +91,35 @@ class _Turn:
         """The output messages and their counts: decisions replayed, injections and omission notes in place."""
         out: list[Message] = []
         counts: list[int] = []
+        where: list[int] = []
         anchored: dict[int, list[Injection]] = {}
         for injection in self.state.injections:
             anchored.setdefault(injection.anchor, []).append(injection)
-        self.where = []
+        decisions, sent = self.state.decisions, self.state.sent
         note_at, run = -1, 0
-        for i in range(len(self.messages)):
-            for injection in anchored.get(i, ()):
-                out.append(injection.message())
-                counts.append(self.counter.count_message(out[-1]))
-            emitted = self.emitted(i)
+        # Runs every turn over the whole conversation: a message kept as sent takes the short path.
+        for i, message in enumerate(self.messages):
+            if anchored and i in anchored:
+                for injection in anchored[i]:
+                    out.append(injection.message())
+                    counts.append(self.counter.count_message(out[-1]))
+            emitted = message if decisions[i] is KEPT else self.emitted(i)
             if emitted is None:
                 if run == 0:
                     note_at = len(out)
                     out.append({})
                     counts.append(0)
                 run += 1
-                self.where.append(-1)
+                where.append(-1)
                 continue
             if run:
                 out[note_at] = omission_note(run)
                 counts[note_at] = self.counter.count_message(out[note_at])
                 run = 0
-            self.where.append(len(out))
+            where.append(len(out))
             out.append(emitted)
-            counts.append(self.state.sent[i])
+            counts.append(sent[i])
+        self.where = where
         return out, counts
 
     def decide(self, i: int, decision: Decision) -> None:
@@ -249,7 +257,8 @@ def _clearing(turn: _Turn, out: list[Message], counts: list[int], *, forced: boo
         return epoch_pays(discount=d, tokens_after=total - freed, first_changed=first, freed=freed, turns_so_far=turns)
 
     freed, newest = bound
-    if not forced and turn.state.unpaid_bound and freed < turn.state.unpaid_bound + rules.clear_at_least:
+    unpaid = turn.state.unpaid_bound
+    if not forced and unpaid and freed < unpaid + max(rules.clear_at_least, unpaid // REPLAN_GROWTH):
         return None
     if not forced and not pays(freed, positions[turn.where[newest]]):
         return None
