@@ -1,5 +1,8 @@
 """The proxy's per-request work, in this process: parse, `ContextService.prepare`, serialise, record usage.
 
+Parsing goes through `ContextService.parse_body`, as the server's does: a warm turn parses only
+what follows the session's last body (proxy/bodies.py).
+
 This is what the server does for a chat request besides moving bytes; measuring it here
 keeps event-loop and socket noise out of CPU figures.
 """
@@ -14,7 +17,6 @@ import orjson
 
 from proxy.chat import ContextService, build_context_service
 from proxy.config import ConfigHolder, load_settings
-from proxy.validate import parse_chat_body
 
 PHASES = ("parse", "prepare", "serialise", "usage")
 
@@ -30,9 +32,11 @@ def handle(svc: ContextService, raw: bytes, session: str, prompt_tokens: int = 0
     """One chat request as the server handles it, minus the sockets: the turn and CPU ms per phase."""
     clock = time.process_time
     t0 = clock()
-    body = parse_chat_body(raw)
+    parsed = svc.parse_body(raw, path_session=session, headers={}, credential="sk-bench")
     t1 = clock()
-    turn = svc.prepare(path_session=session, headers={}, body=body, credential="sk-bench")
+    turn = svc.prepare(
+        path_session=session, headers={}, body=parsed.body, credential="sk-bench", digests=parsed.digests
+    )
     t2 = clock()
     orjson.dumps(turn.body)
     t3 = clock()

@@ -13,13 +13,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.bodies import BodyMemos, Parsed
 from proxy.config import CapsuleSpec, ConfigHolder
 from proxy.context.capsules import Capsule
 from proxy.context.messages import message_digest
 from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ModelInfo, Policy
 from proxy.metrics import METRICS
-from proxy.sessions import Session, TurnStats, cost_usd, scoped_key, session_id_for, visible_id
+from proxy.sessions import (
+    SESSION_HEADER,
+    Session,
+    TurnStats,
+    cost_usd,
+    header_value,
+    scoped_key,
+    session_id_for,
+    visible_id,
+)
 from proxy.state import SessionStore
 from proxy.tokens import TokenCounter, counter_for
 from proxy.turns import Rejected
@@ -40,6 +50,9 @@ TOKENS_SAVED = METRICS.counter("context_tokens_saved_total", "Prompt tokens the 
 CACHED_TOKENS = METRICS.counter("context_upstream_cached_tokens_total", "Cached prompt tokens billed", _POLICY)
 PROMPT_TOKENS = METRICS.counter("context_upstream_prompt_tokens_total", "Prompt tokens billed upstream", _POLICY)
 EPOCHS = METRICS.counter("context_epochs_total", "Turns whose edit epoch changed the forwarded prefix", _POLICY)
+MESSAGES_REUSED = METRICS.counter(
+    "context_messages_reused_total", "Messages taken from the session's last body instead of parsed again"
+)
 RETRIES = METRICS.counter("context_refits_total", "Requests re-fitted after context_length_exceeded", _POLICY)
 COST = METRICS.counter("context_estimated_cost_usd_total", "Input cost, proxied or direct", ("policy", "route"))
 SAVED = METRICS.gauge("context_estimated_saved_usd", "Direct minus proxied input cost (negative when worse)", _POLICY)
@@ -191,10 +204,31 @@ class ContextService:
         self.holder = holder
         self.store = store
         self.ratios: OrderedDict[str, float] = OrderedDict()  # model name -> upstream/estimate
+        self.bodies = BodyMemos(int(holder.settings.state.body_memo_mb * 1024 * 1024))
 
-    def prepare(self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str) -> ChatTurn:
+    def parse_body(
+        self, raw: bytes, *, path_session: str | None, headers: Mapping[str, str], credential: str
+    ) -> Parsed:
+        """The validated body, its repeated prefix taken from this conversation's last body (proxy.bodies)."""
+        self.bodies.budget = int(self.holder.settings.state.body_memo_mb * 1024 * 1024)
+        scope = f"{credential}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
+        parsed = self.bodies.parse(raw, scope)
+        if parsed.reused:
+            MESSAGES_REUSED.inc(parsed.reused)
+        return parsed
+
+    def prepare(
+        self,
+        *,
+        path_session: str | None,
+        headers: Mapping[str, str],
+        body: dict,
+        credential: str,
+        digests: list[bytes] | None = None,
+    ) -> ChatTurn:
         settings = self.holder.settings
-        digests = [message_digest(m) for m in body["messages"]]
+        if digests is None or len(digests) != len(body["messages"]):
+            digests = [message_digest(m) for m in body["messages"]]
         session_id = session_id_for(path_session, headers, body, credential, digests)
         policy, specs = settings.policy_for(session_id)
         model_name = str(body.get("model") or "")

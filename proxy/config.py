@@ -46,6 +46,7 @@ class StateConfig:
     max_sessions: int = 1000
     idle_ttl_s: float = 6 * 3600
     path: str = ""  # SQLite file; empty = memory only
+    body_memo_mb: float = 64  # last bodies of recent sessions, so a warm turn parses only what is new; 0 = off
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import aiohttp
 import orjson
@@ -26,7 +27,7 @@ from proxy.config import ConfigHolder, Settings
 from proxy.errors import error_response
 from proxy.metrics import METRICS
 from proxy.relay import overflow_tokens, read_head, relay
-from proxy.turns import ContextService, PassthroughService, PassthroughTurn, PreparedTurn, Rejected
+from proxy.turns import BodyParser, ContextService, PassthroughService, PassthroughTurn, PreparedTurn, Rejected
 from proxy.upstream import Upstream, UpstreamError
 from proxy.validate import InvalidRequest, parse_chat_body
 
@@ -110,29 +111,42 @@ def _upstream_tail(request: web.Request) -> str | None:
     return raw[len("/v1/") :]
 
 
-async def _prepare(request: web.Request, body: dict, raw: bytes) -> PreparedTurn | web.Response:
-    context = request.app[CONTEXT]
-    prepare = functools.partial(
-        context.prepare,
+def _parse_and_prepare(context: object, raw: bytes, **request: Any) -> Any:
+    """Validate the body and let the engine prepare the turn (a service may parse the body itself)."""
+    if isinstance(context, BodyParser):
+        parsed = context.parse_body(raw, **request)
+        return context.prepare(**request, body=parsed.body, digests=parsed.digests)
+    return context.prepare(**request, body=parse_chat_body(raw))  # type: ignore[attr-defined]
+
+
+async def _prepare(request: web.Request, raw: bytes) -> PreparedTurn | web.Response:
+    work = functools.partial(
+        _parse_and_prepare,
+        request.app[CONTEXT],
+        raw,
         path_session=request.match_info.get("session"),
         headers=request.headers,
-        body=body,
         credential=_credential(request),
     )
     try:
-        if len(raw) >= OFFLOAD_BYTES:  # a big conversation's engine work must not hold other streams
-            turn = await asyncio.get_running_loop().run_in_executor(request.app[ENGINE_THREAD], prepare)
+        if len(raw) >= OFFLOAD_BYTES:  # a big conversation's parse and engine work must not hold other streams
+            turn = await asyncio.get_running_loop().run_in_executor(request.app[ENGINE_THREAD], work)
         else:
-            turn = prepare()
+            turn = work()
         if inspect.isawaitable(turn):
             turn = await turn
+    except InvalidRequest as exc:
+        return error_response(400, exc.message, exc.code, exc.param)
     except Rejected as exc:
         return error_response(exc.status, exc.message, exc.code)
     except Exception as exc:  # an engine bug must not cost the user the answer: forward as sent
         ENGINE_ERRORS.inc()
         log.error("context engine failed (%s); forwarding the request unchanged", type(exc).__name__)
         log.debug("context engine failure", exc_info=True)
-        return PassthroughTurn(body=orjson.loads(raw))
+        try:
+            return PassthroughTurn(body=parse_chat_body(raw))
+        except InvalidRequest as invalid:
+            return error_response(400, invalid.message, invalid.code, invalid.param)
     return turn
 
 
@@ -179,11 +193,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raw = await read_body(request, _max_body(settings))
     except BodyTooLarge:
         return _too_large(settings)
-    try:
-        body = parse_chat_body(raw)
-    except InvalidRequest as exc:
-        return error_response(400, exc.message, exc.code, exc.param)
-    turn = await _prepare(request, body, raw)
+    turn = await _prepare(request, raw)
     if isinstance(turn, web.StreamResponse):
         return turn
     try:

@@ -38,7 +38,8 @@ def sanitize_session_id(raw: Any) -> str | None:
     return f"{clean[: MAX_ID_LENGTH - 17]}~{digest}"
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
+def header_value(headers: Mapping[str, str], name: str) -> str | None:
+    """The header `name` (lower case) from aiohttp's headers or a plain dict."""
     value = headers.get(name)
     if value is None:  # a plain dict is case-sensitive; aiohttp's headers are not
         value = next((v for k, v in headers.items() if k.lower() == name), None)
@@ -75,7 +76,7 @@ def session_id_for(
     metadata = body.get("metadata")
     candidates = (
         path_session,
-        _header(headers, SESSION_HEADER),
+        header_value(headers, SESSION_HEADER),
         metadata.get("session_id") if isinstance(metadata, dict) else None,
     )
     for raw in candidates:

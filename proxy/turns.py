@@ -28,6 +28,30 @@ class ContextService(Protocol):
     ) -> PreparedTurn: ...
 
 
+class ParsedBody(Protocol):
+    body: dict  # the validated chat body
+    digests: list[bytes]  # each message's digest, for `prepare(..., digests=...)`
+
+
+@runtime_checkable
+class BodyParser(Protocol):
+    """A service that parses chat bodies itself (e.g. reusing what it parsed last turn) and takes their digests."""
+
+    def parse_body(
+        self, raw: bytes, *, path_session: str | None, headers: Mapping[str, str], credential: str
+    ) -> ParsedBody: ...  # raises proxy.validate.InvalidRequest like parse_chat_body
+
+    def prepare(
+        self,
+        *,
+        path_session: str | None,
+        headers: Mapping[str, str],
+        body: dict,
+        credential: str,
+        digests: list[bytes] | None = None,
+    ) -> PreparedTurn: ...
+
+
 class Rejected(Exception):
     """Raised by `ContextService.prepare` to answer locally (e.g. policy `error`) instead of forwarding."""
 

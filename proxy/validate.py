@@ -84,6 +84,11 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest(
             f"Invalid type for 'messages': expected an array, got {_kind(messages)}.", "messages", "invalid_type"
         )
-    for index, message in enumerate(messages):
-        _check_message(index, message)
+    check_messages(messages)
     return body
+
+
+def check_messages(messages: list, offset: int = 0) -> None:
+    """Raise InvalidRequest for the first malformed message; `offset` is the index of `messages[0]`."""
+    for index, message in enumerate(messages, offset):
+        _check_message(index, message)

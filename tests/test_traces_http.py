@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -72,18 +73,27 @@ class Replay:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def proxy_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[str, Any]]:
+async def simulator() -> AsyncIterator[tuple[str, Any]]:
+    """The module's simulator: its URL and its state (recorded requests)."""
+    sim_runner, sim_url = await start_simulator()
+    yield sim_url, sim_runner.app[SIMULATOR]
+    await sim_runner.cleanup()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def proxy_url(
+    tmp_path_factory: pytest.TempPathFactory, simulator: tuple[str, Any]
+) -> AsyncIterator[tuple[str, Any]]:
     """One simulator and one proxy for the module: each trace is replayed once, then checked many ways."""
     folder = tmp_path_factory.mktemp("traces")
-    sim_runner, sim_url = await start_simulator()
+    sim_url, sim = simulator
     (folder / "sessions").mkdir()
     (folder / "sessions" / "capsules.toml").write_text(CAPSULES)
     (folder / "proxy.toml").write_text(CONFIG.format(url=sim_url))
     holder = ConfigHolder(load_settings(folder / "proxy.toml"))
     runner, port = await start(holder, "127.0.0.1", 0, context=build_context_service(holder))
-    yield f"http://127.0.0.1:{port}", sim_runner.app[SIMULATOR]
+    yield f"http://127.0.0.1:{port}", sim
     await runner.cleanup()
-    await sim_runner.cleanup()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -196,3 +206,34 @@ async def test_regenerated_history_cuts_the_journal_and_arrives_as_edited(proxy_
     assert edited in upstream
     assert check_pairing(upstream) == []
     assert encoded(upstream)[:3] == encoded(run.upstream[-1])[:3]  # the journal kept the aligned prefix
+
+
+async def test_a_warm_turn_parsed_from_the_last_body_sends_upstream_what_a_full_parse_sends(
+    proxy_url: tuple[str, Any], simulator: tuple[str, Any], tmp_path: Any
+) -> None:
+    """proxy.bodies reuses each turn's repeated prefix; a proxy with `body_memo_mb = 0` parses every body whole."""
+    root, sim = proxy_url
+    trace = load_trace("mini_django-11138.tools.json")
+    before = await reused_messages(root)
+    remembered = await replay(root, sim, trace, "memo-on", turns=40)
+    assert await reused_messages(root) - before > 40 * 20  # most of each turn came from the memo
+
+    (tmp_path / "proxy.toml").write_text(CONFIG.format(url=simulator[0]) + "\n[state]\nbody_memo_mb = 0\n")
+    holder = ConfigHolder(load_settings(tmp_path / "proxy.toml"))
+    runner, port = await start(holder, "127.0.0.1", 0, context=build_context_service(holder))
+    try:
+        before = await reused_messages(root)
+        full = await replay(f"http://127.0.0.1:{port}", sim, trace, "memo-off", turns=40)
+        assert await reused_messages(root) == before  # (one metrics registry per process)
+    finally:
+        await runner.cleanup()
+    for k, (a, b) in enumerate(zip(remembered.upstream, full.upstream, strict=True)):
+        assert encoded(a) == encoded(b), f"turn {k + 1}"
+    assert [h["X-Context-Epoch"] for h in remembered.headers] == [h["X-Context-Epoch"] for h in full.headers]
+
+
+async def reused_messages(root: str) -> float:
+    async with aiohttp.ClientSession() as http, http.get(f"{root}/metrics") as response:
+        text = await response.text()
+    lines = text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith("context_messages_reused_total"))

@@ -1,0 +1,227 @@
+"""A session's next chat body, parsed only where it differs from the last one.
+
+An agent's request repeats its previous request byte for byte and appends a few messages.
+Parsing, validating and digesting the repeated part again is most of a warm turn's CPU on
+a long conversation, so the last body of each recent conversation is remembered (bounded
+by `[state] body_memo_mb`): its bytes up to the end of its last message, where its first
+message starts, and those messages parsed and digested.
+
+When the next body starts with exactly those bytes, only the rest is parsed: the
+remembered messages are replaced by one marker element, which leaves a JSON document that
+parses to the same body (a JSON parser's state after a prefix depends only on the prefix's
+bytes), and the marker must come back as the first message, or the full parse is used.
+Every other case (a first request, an edited history, a body this module cannot read)
+takes the full parse, which remains the reference.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.context.messages import message_digest
+from proxy.validate import check_messages, parse_chat_body
+
+# Stands in for the remembered messages; random per process, so no client can send it.
+MARKER = "\x00context-proxy-remembered-" + secrets.token_hex(16)
+_MARKER_JSON = orjson.dumps(MARKER)
+# A JSON string, or one bracket (outside strings, since strings are matched whole).
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+_MESSAGES_KEY = re.compile(rb'"messages"\s*:\s*\[\s*')
+_OPEN, _CLOSE, _QUOTE = frozenset(b"[{"), frozenset(b"]}"), ord('"')
+# Memos per client and session name: the candidates one request is compared with.
+PER_SCOPE = 32
+# A scope whose bodies keep missing stops paying for new memos (the scan costs about a parse).
+MISSES_BEFORE_PAUSE, RETRY_EVERY = 3, 16
+MAX_CONVERSATIONS_TRACKED = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A validated chat body and each message's `message_digest`."""
+
+    body: dict[str, Any]
+    digests: list[bytes]
+    reused: int = 0  # messages taken from the memo instead of parsed
+
+
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    prefix: bytes  # the body up to the end of its last message
+    start: int  # offset of its first message
+    messages: list[dict[str, Any]]  # parsed; shared with later turns, never mutated
+    digests: list[bytes]
+
+    @property
+    def cost(self) -> int:
+        """Bytes held, roughly: the raw prefix plus its parsed objects (about twice the JSON)."""
+        return 3 * len(self.prefix)
+
+
+def array_end(raw: bytes, at: int) -> int | None:
+    """Where the last element ends, for an array read from `at` (its start, or just after an element).
+
+    None when the array does not close (the body is not what this module can read).
+    """
+    depth, end = 0, at
+    for match in _TOKEN.finditer(raw, at):
+        byte = raw[match.start()]
+        if byte == _QUOTE:
+            continue
+        if byte in _OPEN:
+            depth += 1
+        else:
+            depth -= 1
+            if depth < 0:
+                return end
+            if depth == 0:
+                end = match.end()
+    return None
+
+
+def messages_start(raw: bytes) -> int | None:
+    """Offset of the first element of the top-level `messages` array, or None.
+
+    Only a key at the top level counts: brackets and strings are tracked from the start.
+    """
+    depth = 0
+    for match in _TOKEN.finditer(raw):
+        byte = raw[match.start()]
+        if byte == _QUOTE:
+            if depth == 1 and (key := _MESSAGES_KEY.match(raw, match.start())):
+                return key.end()
+            continue
+        depth += 1 if byte in _OPEN else -1
+    return None
+
+
+def _remembered(raw: bytes, body: dict[str, Any], digests: list[bytes]) -> _Memo | None:
+    """A memo of a fully parsed body, when its messages array can be located and checked."""
+    messages = body["messages"]
+    start = messages_start(raw)
+    if start is None or not messages:
+        return None
+    end = array_end(raw, start)
+    if end is None or end <= start:
+        return None
+    # The located array must be the one the parser used: with it replaced by the marker, the
+    # same parser must see exactly the marker (a duplicate `messages` key would show here).
+    try:
+        check = orjson.loads(raw[:start] + _MARKER_JSON + raw[end:])
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(check, dict) or check.get("messages") != [MARKER]:
+        return None
+    return _Memo(raw[:end], start, messages, digests)
+
+
+def _extend(memo: _Memo, raw: bytes) -> tuple[Parsed, _Memo] | None:
+    """The body parsed past the memo's messages, and its memo; None when the shortcut does not hold."""
+    known = len(memo.prefix)
+    try:
+        body = orjson.loads(raw[: memo.start] + _MARKER_JSON + raw[known:])
+    except orjson.JSONDecodeError:
+        return None  # the full parse gives the client its exact error
+    if not isinstance(body, dict):
+        return None
+    tail = body.get("messages")
+    if not isinstance(tail, list) or not tail or tail[0] != MARKER:
+        return None
+    end = array_end(raw, known)
+    if end is None:
+        return None
+    new = tail[1:]
+    check_messages(new, offset=len(memo.messages))
+    messages = memo.messages + new
+    digests = memo.digests + [message_digest(m) for m in new]
+    body["messages"] = messages
+    return Parsed(body, digests, reused=len(memo.messages)), _Memo(raw[:end], memo.start, messages, digests)
+
+
+def _opening(digests: list[bytes]) -> bytes:
+    """Which conversation a body is, for counting edits: its first two messages (system prompt and task)."""
+    return b"".join(digests[:2])
+
+
+class BodyMemos:
+    """The last bodies of recent conversations, within a byte budget (least recently used go first)."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget = budget_bytes
+        self.held = 0
+        self._memos: OrderedDict[int, tuple[str, _Memo]] = OrderedDict()
+        self._scopes: dict[str, list[int]] = {}
+        self._misses: dict[tuple[str, bytes], int] = {}  # edited-history streak per conversation
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # parsing may run on the engine's worker thread
+
+    def __len__(self) -> int:
+        return len(self._memos)
+
+    def parse(self, raw: bytes, scope: str) -> Parsed:
+        """The validated body; raises InvalidRequest like `validate.parse_chat_body`."""
+        with self._lock:
+            candidates = [(key, self._memos[key][1]) for key in self._scopes.get(scope, ())]
+        for key, memo in candidates:
+            if raw.startswith(memo.prefix) and (found := _extend(memo, raw)) is not None:
+                parsed, successor = found
+                with self._lock:
+                    self._misses.pop((scope, _opening(parsed.digests)), None)
+                    self._drop(key)
+                    self._add(scope, successor)
+                return parsed
+        body = parse_chat_body(raw)
+        digests = [message_digest(m) for m in body["messages"]]
+        if self._worth_remembering(scope, digests, [memo for _, memo in candidates]):
+            memo = _remembered(raw, body, digests)
+            if memo is not None and memo.cost <= self.budget:
+                with self._lock:
+                    self._add(scope, memo)
+        return Parsed(body, digests)
+
+    def _worth_remembering(self, scope: str, digests: list[bytes], candidates: list[_Memo]) -> bool:
+        """False for a conversation whose history keeps changing: its memos would never be used.
+
+        A body that opens like a remembered one but did not extend it is an edited history (a new
+        conversation opens differently); after a few in a row, memos are made only now and then.
+        """
+        if self.budget <= 0:
+            return False
+        opening = _opening(digests)
+        with self._lock:
+            misses = self._misses.get((scope, opening), 0)
+            if any(_opening(memo.digests) == opening for memo in candidates):
+                misses = self._misses[(scope, opening)] = misses + 1
+                if len(self._misses) > MAX_CONVERSATIONS_TRACKED:
+                    self._misses.clear()
+        return misses < MISSES_BEFORE_PAUSE or misses % RETRY_EVERY == 0
+
+    def _add(self, scope: str, memo: _Memo) -> None:
+        key = next(self._ids)
+        self._memos[key] = (scope, memo)
+        keys = self._scopes.setdefault(scope, [])
+        keys.insert(0, key)
+        self.held += memo.cost
+        if len(keys) > PER_SCOPE:
+            self._drop(keys[-1])
+        while self.held > self.budget and self._memos:
+            self._drop(next(iter(self._memos)))
+
+    def _drop(self, key: int) -> None:
+        entry = self._memos.pop(key, None)
+        if entry is None:
+            return
+        scope, memo = entry
+        self.held -= memo.cost
+        keys = self._scopes.get(scope)
+        if keys is not None:
+            keys.remove(key)
+            if not keys:
+                del self._scopes[scope]

@@ -1,0 +1,202 @@
+"""proxy.bodies: a warm turn's body parsed from what is new, always equal to the full parse."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.bodies import PER_SCOPE, BodyMemos, array_end, messages_start
+from proxy.context.messages import message_digest
+from proxy.traces import load_trace, requests
+from proxy.validate import InvalidRequest, parse_chat_body
+
+TRACE = load_trace("sweagent_marshmallow-1867.json")
+MB = 1024 * 1024
+
+
+def sdk_json(body: dict) -> bytes:
+    """As the official Python SDK sends it: json.dumps with its default separators and ASCII escapes."""
+    return json.dumps(body).encode()
+
+
+FORMATS = {
+    "sdk": sdk_json,
+    "orjson": orjson.dumps,
+    "indented, messages last": lambda b: json.dumps(dict(reversed(list(b.items()))), indent=2).encode(),
+    "unicode kept": lambda b: json.dumps(b, ensure_ascii=False, separators=(",", ":")).encode(),
+}
+
+
+def bodies(fmt=sdk_json, model="gpt-4o"):
+    for messages, _ in requests(TRACE):
+        yield fmt({"messages": messages, "model": model, "tools": TRACE.tools, "stream": True})
+
+
+def assert_same_as_full_parse(parsed, raw):
+    assert parsed.body == parse_chat_body(raw)
+    assert parsed.digests == [message_digest(m) for m in parsed.body["messages"]]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_each_turn_of_a_trace_reuses_the_last_and_equals_the_full_parse(name):
+    memos = BodyMemos(64 * MB)
+    reused = []
+    for raw in bodies(FORMATS[name]):
+        parsed = memos.parse(raw, "key\x00\x00")
+        assert_same_as_full_parse(parsed, raw)
+        reused.append(parsed.reused)
+    assert reused[0] == 0
+    assert all(r > 0 for r in reused[1:]), reused  # every later turn repeats its predecessor
+
+
+def test_an_edited_history_is_parsed_in_full_and_then_remembered_again():
+    memos = BodyMemos(64 * MB)
+    turns = [json.loads(raw) for raw in bodies()]
+    memos.parse(sdk_json(turns[3]), "s")
+    edited = json.loads(json.dumps(turns[4]))
+    edited["messages"][1]["content"] = "an edited task"
+    parsed = memos.parse(sdk_json(edited), "s")
+    assert parsed.reused == 0
+    assert_same_as_full_parse(parsed, sdk_json(edited))
+    grown = {**edited, "messages": edited["messages"] + turns[5]["messages"][len(edited["messages"]) :]}
+    parsed = memos.parse(sdk_json(grown), "s")
+    assert parsed.reused == len(edited["messages"])
+    assert_same_as_full_parse(parsed, sdk_json(grown))
+
+
+def test_a_memo_serves_only_its_own_scope():
+    memos = BodyMemos(64 * MB)
+    first, second = list(bodies())[:2]
+    memos.parse(first, "key-a\x00\x00")
+    assert memos.parse(second, "key-b\x00\x00").reused == 0
+    assert memos.parse(second, "key-a\x00\x00").reused > 0
+
+
+def test_a_repeated_messages_key_is_read_as_the_parser_reads_it():
+    """orjson keeps the last of two `messages` keys; so must the shortcut, in both orders."""
+    base = '{"messages": [{"role": "user", "content": "A"}], "model": "m", '
+    base += '"messages": [{"role": "user", "content": "B"}]'
+    memos = BodyMemos(64 * MB)
+    for tail in ("}", ', "n": 1}'):
+        raw = (base + tail).encode()
+        assert memos.parse(raw, "s").body == parse_chat_body(raw)
+    grown = base.replace('"B"}]', '"B"}, {"role": "assistant", "content": "C"}]') + "}"
+    assert memos.parse(grown.encode(), "s").body["messages"][0]["content"] == "B"
+
+
+def test_keys_and_brackets_inside_strings_are_not_structure():
+    tricky = 'x"], "messages": [{"role": "user"}], "y": ["\\\\'
+    messages = [{"role": "system", "content": tricky}, {"role": "user", "content": "{[}]"}]
+    memos = BodyMemos(64 * MB)
+    raw = sdk_json({"model": "m", "note": '"messages": [', "messages": messages})
+    assert memos.parse(raw, "s").body == parse_chat_body(raw)
+    grown = sdk_json({"model": "m", "note": '"messages": [', "messages": [*messages, {"role": "user", "content": "]"}]})
+    parsed = memos.parse(grown, "s")
+    assert parsed.reused == 2
+    assert_same_as_full_parse(parsed, grown)
+
+
+def test_a_bad_new_message_is_refused_with_its_index_in_the_whole_conversation():
+    memos = BodyMemos(64 * MB)
+    turns = [json.loads(raw) for raw in bodies()]
+    memos.parse(sdk_json(turns[2]), "s")
+    bad = {**turns[2], "messages": [*turns[2]["messages"], {"content": "no role"}]}
+    with pytest.raises(InvalidRequest) as caught:
+        memos.parse(sdk_json(bad), "s")
+    assert caught.value.param == f"messages[{len(turns[2]['messages'])}].role"
+
+
+@pytest.mark.parametrize("tail", [b"", b"]", b', {"role": "user", "content": "x"', b"], oops}"])
+def test_a_broken_tail_gets_exactly_the_full_parses_error(tail):
+    memos = BodyMemos(64 * MB)
+    raw = sdk_json({"messages": [{"role": "user", "content": "hi"}], "model": "m"})
+    memos.parse(raw, "s")
+    broken = raw[: raw.index(b"}]") + 1] + tail
+    with pytest.raises(InvalidRequest) as shortcut:
+        memos.parse(broken, "s")
+    with pytest.raises(InvalidRequest) as full:
+        parse_chat_body(broken)
+    assert shortcut.value.message == full.value.message
+
+
+def test_memory_stays_within_the_budget_and_the_per_scope_cap():
+    raws = list(bodies())
+    memos = BodyMemos(3 * len(raws[-1]))  # room for one memo of the longest body
+    for raw in raws:
+        memos.parse(raw, "s")
+        assert memos.held <= memos.budget and len(memos) <= 1
+    many = BodyMemos(64 * MB)
+    for k in range(PER_SCOPE + 5):
+        many.parse(sdk_json({"messages": [{"role": "user", "content": f"task {k}"}], "model": "m"}), "s")
+    assert len(many) == PER_SCOPE
+    off = BodyMemos(0)
+    for raw in raws[:3]:
+        assert off.parse(raw, "s").reused == 0
+    assert len(off) == 0
+
+
+def test_a_history_edited_every_turn_stops_costing_memos_but_other_conversations_keep_theirs():
+    memos = BodyMemos(64 * MB)
+    system = {"role": "system", "content": "sys"}
+    task = {"role": "user", "content": "the task"}
+    made = []
+    for turn in range(8):  # the agent rewrites its third message (say, a clock) every turn
+        clock = {"role": "user", "content": f"it is {turn} o'clock"}
+        before = len(memos)
+        assert memos.parse(sdk_json({"messages": [system, task, clock], "model": "m"}), "s").reused == 0
+        made.append(len(memos) > before)
+    assert made[:3] == [True] * 3 and not any(made[4:])
+    other = sdk_json({"messages": [system, {"role": "user", "content": "another task"}], "model": "m"})
+    memos.parse(other, "s")
+    assert memos.parse(other, "s").reused == 2
+
+
+def test_the_scanner_finds_the_array_only_at_the_top_level():
+    raw = b'{"meta": {"messages": [1]}, "messages" :\n [ {"a": "]"} , {"b": [1, {"c": "}"}]}\n ], "z": 0}'
+    start = messages_start(raw)
+    assert raw[start:].startswith(b'{"a"')
+    end = array_end(raw, start)
+    assert raw[start:end] == b'{"a": "]"} , {"b": [1, {"c": "}"}]}'
+
+
+texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool", "system"]), "content": texts},
+    optional={
+        "name": texts,
+        "extra": st.lists(
+            st.one_of(texts, st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False, allow_infinity=False)),
+            max_size=3,
+        ),
+    },
+)
+
+
+# HOSTILE_EXAMPLES=3000 for a longer hunt outside CI (as tests/test_hostile_inputs.py).
+@settings(
+    max_examples=int(os.environ.get("HOSTILE_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    history=st.lists(message, min_size=1, max_size=6),
+    growth=st.lists(st.lists(message, max_size=3), min_size=1, max_size=4),
+    fmt=st.sampled_from(sorted(FORMATS)),
+    edit_at=st.one_of(st.none(), st.integers(min_value=0, max_value=5)),
+)
+def test_property_any_growth_or_edit_parses_as_the_full_parse(history, growth, fmt, edit_at):
+    memos = BodyMemos(64 * MB)
+    messages = list(history)
+    raw = FORMATS[fmt]({"messages": messages, "model": "m"})
+    assert_same_as_full_parse(memos.parse(raw, "s"), raw)
+    for step, added in enumerate(growth):
+        messages = messages + added
+        if edit_at is not None and step == 1 and edit_at < len(messages):
+            messages[edit_at] = {**messages[edit_at], "content": "edited"}
+        raw = FORMATS[fmt]({"messages": messages, "model": "m", "stream": False})
+        assert_same_as_full_parse(memos.parse(raw, "s"), raw)
