@@ -55,15 +55,30 @@ class SseUsageFilter:
         if not self._pending and chunk.endswith(_EVENT_ENDINGS) and not _USAGE_OBJECT.search(chunk):
             return chunk  # whole events, none with usage: nothing to read or hold (most chunks)
         self._pending += chunk
-        out = bytearray()
-        start = 0
-        while match := _EVENT_END.search(self._pending, start):
-            event = bytes(self._pending[start : match.end()])
-            start = match.end()
-            if not self._read(event) or not self.strip:
-                out += event
-        del self._pending[:start]
-        return bytes(out) if self.strip else chunk
+        end = _last_event_end(self._pending)
+        complete = bytes(self._pending[:end])
+        del self._pending[:end]
+        out = self._events(complete) if complete else b""
+        return out if self.strip else chunk
+
+    def _events(self, data: bytes) -> bytes:
+        """Whole events: each one holding a usage object is read (and dropped if usage-only); the rest pass as one."""
+        pieces, done = [], 0
+        for match in _USAGE_OBJECT.finditer(data):
+            if match.start() < done:
+                continue  # inside the event just handled
+            begin = max(done, _last_event_end(data, match.start()))
+            stop = _EVENT_END.search(data, match.end())
+            stop_at = stop.end() if stop else len(data)
+            event = data[begin:stop_at]
+            pieces.append(data[done:begin])
+            if not (self._read(event) and self.strip):
+                pieces.append(event)
+            done = stop_at
+        if not done:
+            return data
+        pieces.append(data[done:])
+        return b"".join(pieces)
 
     def finish(self) -> bytes:
         """What is left at the end of the stream (an event without its blank line)."""
@@ -86,6 +101,17 @@ class SseUsageFilter:
             return False
         self.usage = payload["usage"]
         return payload.get("choices") == []
+
+
+def _last_event_end(data: bytes | bytearray, before: int | None = None) -> int:
+    """Where the last complete event in `data[:before]` ends (0 when there is none)."""
+    before = len(data) if before is None else before
+    end = 0
+    for separator in _EVENT_ENDINGS:
+        at = data.rfind(separator, 0, before)
+        if at >= 0:
+            end = max(end, at + len(separator))
+    return end
 
 
 def overflow_tokens(error_body: bytes) -> int | None:

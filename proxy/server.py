@@ -37,6 +37,7 @@ HOLDER = web.AppKey("holder", ConfigHolder)
 CONTEXT = web.AppKey("context", object)
 UPSTREAM = web.AppKey("upstream", Upstream)
 ENGINE_THREAD = web.AppKey("engine_thread", ThreadPoolExecutor)
+PARSES_BODIES = web.AppKey("parses_bodies", bool)
 
 # Chat bodies at least this large are prepared on the engine's worker thread instead of the event
 # loop: a cold 200k-token conversation costs ~80 ms of CPU, much of it in tiktoken, which releases
@@ -111,18 +112,19 @@ def _upstream_tail(request: web.Request) -> str | None:
     return raw[len("/v1/") :]
 
 
-def _parse_and_prepare(context: object, raw: bytes, **request: Any) -> Any:
-    """Validate the body and let the engine prepare the turn (a service may parse the body itself)."""
-    if isinstance(context, BodyParser):
+def _parse_and_prepare(context: Any, parses: bool, raw: bytes, **request: Any) -> Any:
+    """Validate the body and let the engine prepare the turn (`parses`: the service parses bodies itself)."""
+    if parses:
         parsed = context.parse_body(raw, **request)
         return context.prepare(**request, body=parsed.body, digests=parsed.digests)
-    return context.prepare(**request, body=parse_chat_body(raw))  # type: ignore[attr-defined]
+    return context.prepare(**request, body=parse_chat_body(raw))
 
 
 async def _prepare(request: web.Request, raw: bytes) -> PreparedTurn | web.Response:
     work = functools.partial(
         _parse_and_prepare,
         request.app[CONTEXT],
+        request.app[PARSES_BODIES],
         raw,
         path_session=request.match_info.get("session"),
         headers=request.headers,
@@ -319,6 +321,7 @@ def create_app(
     )
     app[HOLDER] = holder
     app[CONTEXT] = context if context is not None else PassthroughService()
+    app[PARSES_BODIES] = isinstance(app[CONTEXT], BodyParser)  # checked once: a Protocol check is slow
     app[UPSTREAM] = upstream if upstream is not None else Upstream(holder)
     # One worker: engine turns on it run one at a time, and each session's lock orders it with the loop.
     app[ENGINE_THREAD] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="context-engine")

@@ -78,8 +78,9 @@ def test_the_filter_keeps_every_byte_when_not_stripping(size):
     assert sse.usage["total_tokens"] == orjson.loads(usage_event(data).removeprefix(b"data: "))["usage"]["total_tokens"]
 
 
+@pytest.mark.parametrize("size", [3, 1 << 20])  # small reads, and the whole stream in one read
 @pytest.mark.parametrize("separator", [b"\n\n", b"\r\n\r\n"])
-def test_the_filter_strips_only_the_usage_only_event(separator):
+def test_the_filter_strips_only_the_usage_only_event(separator, size):
     events = [
         b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}',
         b'data: {"choices":[],"usage":{"prompt_tokens":3}}',
@@ -87,7 +88,7 @@ def test_the_filter_strips_only_the_usage_only_event(separator):
     ]
     data = separator.join(events) + separator
     sse = SseUsageFilter(strip_usage_chunk=True)
-    assert feed_in_pieces(sse, data, 3) == events[0] + separator + events[2] + separator
+    assert feed_in_pieces(sse, data, size) == events[0] + separator + events[2] + separator
     assert sse.usage == {"prompt_tokens": 3}
 
 
