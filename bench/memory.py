@@ -66,8 +66,10 @@ async def _sessions_rss(server: Server, client: aiohttp.ClientSession, sessions:
 def session_state_traced(tokens: int) -> dict[str, Any]:
     """In-process: bytes still allocated after one session's conversation, once the request bodies are gone.
 
-    Split in two: what the session owns (journal, stats) and what went into the shared, bounded
-    token-count cache (`proxy/tokens.py`, one LRU per encoding for every session).
+    Split in three: what the session owns (journal, stats), what went into the shared, bounded
+    token-count cache (`proxy/tokens.py`, one LRU per encoding for every session), and the body
+    memo (`proxy/bodies.py`: the last body's messages, parsed, within `[state] body_memo_mb`; it also
+    holds the digests, which the journal shares).
     """
     svc = service()
     warm = _conversation_steps("traced-warm", tokens, 4)
@@ -86,13 +88,18 @@ def session_state_traced(tokens: int) -> dict[str, Any]:
         after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    cache = tracemalloc.Filter(True, "*/proxy/tokens.py", all_frames=True)
     retained = sum(d.size_diff for d in after.compare_to(before, "filename"))
-    in_cache = after.filter_traces([cache]).compare_to(before.filter_traces([cache]), "filename")
-    shared = sum(d.size_diff for d in in_cache)
+
+    def allocated_in(path: str) -> int:
+        where = tracemalloc.Filter(True, path, all_frames=True)
+        diff = after.filter_traces([where]).compare_to(before.filter_traces([where]), "filename")
+        return sum(d.size_diff for d in diff)
+
+    shared, memo = allocated_in("*/proxy/tokens.py"), allocated_in("*/proxy/bodies.py")
     return {
-        "traced_per_session": retained - shared,
+        "traced_per_session": retained - shared - memo,
         "traced_shared_cache": shared,
+        "traced_body_memo": memo,
         "conversation_bytes": conversation_bytes,
     }
 
@@ -226,6 +233,8 @@ def render(result: dict[str, Any]) -> str:
             f"({sess['rss_per_session'] / conv:.1%} of the conversation); "
             f"tracemalloc: the session's own state {sess['traced_per_session'] / 1024:,.0f} KB "
             f"({sess['traced_per_session'] / conv:.1%}), plus {sess['traced_shared_cache'] / 1024:,.0f} KB "
-            "into the shared, bounded token-count cache",
+            "into the shared, bounded token-count cache and "
+            f"{sess['traced_body_memo'] / 1024:,.0f} KB ({sess['traced_body_memo'] / conv:.0%}) in the body memo "
+            "(bounded by [state] body_memo_mb)",
         ]
     )

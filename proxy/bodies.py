@@ -41,6 +41,7 @@ PER_SCOPE = 32
 # A scope whose bodies keep missing stops paying for new memos (the scan costs about a parse).
 MISSES_BEFORE_PAUSE, RETRY_EVERY = 3, 16
 MAX_CONVERSATIONS_TRACKED = 10_000
+RECENT_OUTCOMES = 256  # memo hits and evictions weighed for the thrash check (older ones count half)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,10 @@ class BodyMemos:
         self._memos: OrderedDict[int, tuple[str, _Memo]] = OrderedDict()
         self._scopes: dict[str, list[int]] = {}
         self._misses: dict[tuple[str, bytes], int] = {}  # edited-history streak per conversation
+        # Recent memos used, and evicted before any use: more conversations than the budget holds
+        # would evict every memo before its next turn, so new ones are then made only now and then.
+        self.hits = self.wasted = 0.0
+        self._skipped = 0
         self._ids = itertools.count()
         self._lock = threading.Lock()  # parsing may run on the engine's worker thread
 
@@ -174,6 +179,7 @@ class BodyMemos:
                 parsed, successor = found
                 with self._lock:
                     self._misses.pop((scope, _opening(parsed.digests)), None)
+                    self._count(hit=True)
                     self._drop(key)
                     self._add(scope, successor)
                 return parsed
@@ -201,7 +207,19 @@ class BodyMemos:
                 misses = self._misses[(scope, opening)] = misses + 1
                 if len(self._misses) > MAX_CONVERSATIONS_TRACKED:
                     self._misses.clear()
+            if self.wasted > self.hits:  # thrashing: the budget is too small for the conversations
+                self._skipped += 1
+                if self._skipped % RETRY_EVERY:
+                    return False
         return misses < MISSES_BEFORE_PAUSE or misses % RETRY_EVERY == 0
+
+    def _count(self, *, hit: bool) -> None:
+        if hit:
+            self.hits += 1
+        else:
+            self.wasted += 1
+        if self.hits + self.wasted > RECENT_OUTCOMES:
+            self.hits, self.wasted = self.hits / 2, self.wasted / 2
 
     def _add(self, scope: str, memo: _Memo) -> None:
         key = next(self._ids)
@@ -211,8 +229,10 @@ class BodyMemos:
         self.held += memo.cost
         if len(keys) > PER_SCOPE:
             self._drop(keys[-1])
+            self._count(hit=False)
         while self.held > self.budget and self._memos:
             self._drop(next(iter(self._memos)))
+            self._count(hit=False)
 
     def _drop(self, key: int) -> None:
         entry = self._memos.pop(key, None)

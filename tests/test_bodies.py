@@ -156,6 +156,24 @@ def test_a_history_edited_every_turn_stops_costing_memos_but_other_conversations
     assert memos.parse(other, "s").reused == 2
 
 
+def test_more_conversations_than_the_budget_holds_stop_costing_memos(monkeypatch):
+    """Round robin over 6 conversations with room for 2: without a check, each memo is evicted before its next turn."""
+    import proxy.bodies
+
+    made = []
+    real = proxy.bodies._remembered
+    monkeypatch.setattr(proxy.bodies, "_remembered", lambda *a: made.append(1) or real(*a))
+    conversations = [[{"role": "user", "content": f"task {k} " + "x" * 2000}] for k in range(6)]
+    memos = BodyMemos(2 * 3 * 2200)  # two memos of these ~2.1-2.6 KB bodies
+    reused = 0
+    for turn in range(12):
+        for history in conversations:
+            history.append({"role": "assistant", "content": f"answer {turn}"})
+            reused += memos.parse(sdk_json({"messages": history, "model": "m"}), "s").reused > 0
+    assert len(made) < 72 / 4, len(made)  # without the check: a scan on every one of the 72 turns, no hit
+    assert reused > 0  # the memos kept serve their conversations instead of being pushed out unused
+
+
 def test_the_scanner_finds_the_array_only_at_the_top_level():
     raw = b'{"meta": {"messages": [1]}, "messages" :\n [ {"a": "]"} , {"b": [1, {"c": "}"}]}\n ], "z": 0}'
     start = messages_start(raw)
