@@ -8,6 +8,7 @@ and re-fits once when the upstream still says the context is too long.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -211,7 +212,8 @@ class ContextService:
     ) -> Parsed:
         """The validated body, its repeated prefix taken from this conversation's last body (proxy.bodies)."""
         self.bodies.budget = int(self.holder.settings.state.body_memo_mb * 1024 * 1024)
-        scope = f"{credential}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
+        client = hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()[:32]  # no key kept in memory
+        scope = f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
         parsed = self.bodies.parse(raw, scope)
         if parsed.reused:
             MESSAGES_REUSED.inc(parsed.reused)
