@@ -127,6 +127,7 @@ class ChatTurn:
         self.body: dict = {}
         self.headers: dict[str, str] = {}
         self.strip_usage_chunk = False
+        self.unchanged = False
         self.stats = TurnStats()
         self.outcome: Outcome | None = None
         self.correction = 1.0
@@ -141,12 +142,17 @@ class ChatTurn:
         self.outcome, self.correction = outcome, correction
         self.session.journal = outcome.journal
         self.body = {**self.client_body, "messages": outcome.messages}
+        sent = self.client_body["messages"]
+        self.unchanged = len(outcome.messages) == len(sent) and all(
+            a is b for a, b in zip(outcome.messages, sent, strict=True)
+        )
         if self.client_body.get("stream") is True:
             options = self.client_body.get("stream_options")
             options = options if isinstance(options, dict) else {}
             if options.get("include_usage") is not True:
                 self.body["stream_options"] = {**options, "include_usage": True}
                 self.strip_usage_chunk = True
+                self.unchanged = False
         self.headers = dict(outcome.report.headers())
         self.stats.report = outcome.report
         self.stats.model = self.inputs.model_name

@@ -152,15 +152,16 @@ async def _prepare(request: web.Request, raw: bytes) -> PreparedTurn | web.Respo
     return turn
 
 
-async def _send_chat(request: web.Request, turn: PreparedTurn) -> tuple[aiohttp.ClientResponse, bytes]:
+async def _send_chat(request: web.Request, turn: PreparedTurn, raw: bytes) -> tuple[aiohttp.ClientResponse, bytes]:
     """Send the turn; on a context overflow let the engine refit once, before the client saw a byte."""
     upstream = request.app[UPSTREAM]
     headers = CIMultiDict(request.headers)
     headers["Content-Type"] = "application/json"
+    headers.popall("Content-Encoding", None)  # aiohttp decoded a compressed body; it goes upstream decoded
     body, retried = turn.body, False
     while True:
         try:
-            data = orjson.dumps(body)
+            data = raw if not retried and getattr(turn, "unchanged", False) else orjson.dumps(body)
         except orjson.JSONEncodeError as exc:  # orjson reads deeper nesting than it writes
             raise InvalidRequest(f"The request body cannot be forwarded: {exc}.", None, "invalid_body") from exc
         response = await upstream.send(
@@ -199,7 +200,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if isinstance(turn, web.StreamResponse):
         return turn
     try:
-        response, head = await _send_chat(request, turn)
+        response, head = await _send_chat(request, turn, raw)
     except UpstreamError as exc:
         return error_response(exc.status, exc.message, exc.code)
     except InvalidRequest as exc:
@@ -217,14 +218,18 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if request.content_length is not None and request.content_length > limit:
         return _too_large(settings)
     body = _StreamedBody(request, limit) if request.body_exists else None
+    headers, length = request.headers, request.content_length
+    if "Content-Encoding" in headers:  # aiohttp decodes the body as it reads: it goes on decoded, length unknown
+        headers, length = CIMultiDict(headers), None
+        headers.popall("Content-Encoding")
     try:
         response = await request.app[UPSTREAM].send(
             request.method,
             tail,
             query_string=request.rel_url.raw_query_string,
-            headers=request.headers,
+            headers=headers,
             body=body.__aiter__() if body is not None else None,
-            content_length=request.content_length,
+            content_length=length,
             route="passthrough",
         )
     except (UpstreamError, BodyTooLarge) as exc:

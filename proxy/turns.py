@@ -15,6 +15,7 @@ class PreparedTurn(Protocol):
     body: dict  # what goes upstream (messages rewritten, maybe stream_options added)
     headers: dict[str, str]  # X-Context-* headers for the client's response
     strip_usage_chunk: bool  # we asked upstream for include_usage; drop that chunk before the client
+    unchanged: bool  # `body` is exactly the client's body: its own bytes are forwarded, not re-serialised
 
     def record_usage(self, usage: dict) -> None: ...  # from the JSON body or the last SSE chunk
 
@@ -70,6 +71,7 @@ class PassthroughTurn:
     headers: dict[str, str] = field(default_factory=dict)
     strip_usage_chunk: bool = False
     usage: dict[str, Any] | None = None
+    unchanged: bool = True
 
     def record_usage(self, usage: dict) -> None:
         self.usage = usage

@@ -6,6 +6,7 @@ so what runs here is what `context-proxy serve` runs.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -304,3 +305,44 @@ async def test_an_upstream_overflow_is_refitted_and_retried_invisibly(tmp_path: 
     finally:
         await rig.close()
         await runner.cleanup()
+
+
+async def test_a_turn_the_engine_left_alone_goes_upstream_as_the_clients_own_bytes(rig: Rig, sim: Any) -> None:
+    """No edit, no injection, no stream_options added: the upstream gets the exact bytes (formatting, key order)."""
+    body = {"model": MODEL, "messages": [SYSTEM, TASK], "temperature": 0}
+    raw = json.dumps(body, indent=1, ensure_ascii=True).encode() + b"\n"
+    headers = {"Authorization": "Bearer sk-user-a", "Content-Type": "application/json", "X-Session-Id": "as-sent"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(rig.base_url + "/chat/completions", data=raw, headers=headers) as response:
+            assert response.status == 200
+        assert sim.requests[-1].raw == raw
+        streamed = json.dumps({**body, "stream": True}).encode()  # the proxy adds include_usage: re-serialised
+        async with http.post(rig.base_url + "/chat/completions", data=streamed, headers=headers) as response:
+            assert response.status == 200
+            await response.read()
+        assert sim.requests[-1].raw != streamed
+        assert sim.requests[-1].body == {**body, "stream": True, "stream_options": {"include_usage": True}}
+
+
+async def test_a_compressed_request_body_is_forwarded_decoded_without_its_encoding_header(rig: Rig, sim: Any) -> None:
+    raw = json.dumps({"model": MODEL, "messages": [SYSTEM, TASK]}).encode()
+    headers = {"Authorization": "Bearer sk-user-a", "Content-Type": "application/json", "Content-Encoding": "gzip"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(rig.base_url + "/chat/completions", data=gzip.compress(raw), headers=headers) as response,
+    ):
+        assert response.status == 200, await response.text()
+    assert sim.requests[-1].raw == raw
+    assert "Content-Encoding" not in sim.requests[-1].headers
+
+
+async def test_a_compressed_body_on_another_route_reaches_the_upstream_intact(rig: Rig, sim: Any) -> None:
+    raw = json.dumps({"model": "text-embedding-3-small", "input": "hello " * 200}).encode()
+    headers = {"Authorization": "Bearer sk-user-a", "Content-Type": "application/json", "Content-Encoding": "gzip"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(rig.base_url + "/embeddings", data=gzip.compress(raw), headers=headers) as response,
+    ):
+        assert response.status == 200, await response.text()
+    sent = sim.requests[-1]
+    assert (gzip.decompress(sent.raw) if "Content-Encoding" in sent.headers else sent.raw) == raw
