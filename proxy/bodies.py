@@ -35,7 +35,7 @@ _MARKER_JSON = orjson.dumps(MARKER)
 # A JSON string, or one bracket (outside strings, since strings are matched whole).
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
 _MESSAGES_KEY = re.compile(rb'"messages"\s*:\s*\[\s*')
-_OPEN, _CLOSE, _QUOTE = frozenset(b"[{"), frozenset(b"]}"), ord('"')
+_OPEN, _QUOTE = frozenset(b"[{"), ord('"')  # any other token is a closing bracket
 # Memos per client and session name: the candidates one request is compared with.
 PER_SCOPE = 32
 # A scope whose bodies keep missing stops paying for new memos (the scan costs about a parse).
