@@ -1,4 +1,7 @@
-"""`python -m bench overhead|scaling|memory|savings|profile|stall|smoke [-n N] [--json FILE]`: run, print the table."""
+"""`python -m bench overhead|scaling|memory|savings|profile|stall|ab|smoke [-n N] [--ref REV] [--json FILE]`.
+
+Runs one benchmark and prints its table.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +55,12 @@ def _stall(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return asyncio.run(stall.run_stall(rounds=ns.n or 3)), stall.render
 
 
+def _ab(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import ab
+
+    return ab.run_ab(ns.ref, n=ns.n or 800), ab.render
+
+
 def _smoke(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import smoke
 
@@ -65,6 +74,7 @@ COMMANDS: dict[str, Runner] = {
     "savings": _savings,
     "profile": _profile,
     "stall": _stall,
+    "ab": _ab,
     "smoke": _smoke,
 }
 
@@ -73,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("kind", choices=list(COMMANDS))
     parser.add_argument(
-        "-n", type=int, default=0, help="requests (overhead, memory), warm turns (scaling, profile), turns (savings)"
+        "-n",
+        type=int,
+        default=0,
+        help="requests (overhead, memory; ab: per block), warm turns (scaling, profile), turns (savings)",
     )
+    parser.add_argument("--ref", default="HEAD~1", help="ab: the git revision to compare the working tree with")
     parser.add_argument("--json", metavar="FILE", help="also write the raw result as JSON")
     ns = parser.parse_args(argv)
     started = time.monotonic()

@@ -6,8 +6,8 @@ import asyncio
 import importlib.util
 from typing import Any
 
-from bench import memory, overhead, profile, savings, scaling, stall
-from bench.procs import Servers
+from bench import ab, memory, overhead, profile, savings, scaling, stall
+from bench.procs import ROOT, Servers
 
 
 def run_smoke() -> dict[str, Any]:
@@ -30,6 +30,8 @@ def run_smoke() -> dict[str, Any]:
     out["scaling"] = scaling.run_scaling(sizes=(2000, 4000), warm_turns=2, firsts=1)
     out["savings"] = asyncio.run(savings.run_savings(["sweagent_marshmallow-1867.json"], limit=3, plot=False))
     out["stall"] = asyncio.run(stall.run_stall(rounds=1, size=70_000))  # ~290 KB: over OFFLOAD_BYTES
+    if (ROOT / ".git").exists():  # ab unpacks a commit with `git archive`: a checkout, not an unpacked sdist
+        out["ab"] = ab.run_ab("HEAD", n=16, rounds=2)
     if importlib.util.find_spec("pyinstrument") is not None:  # a bench-only dependency: CI may not have it
         out["profile"] = profile.run_profile(tokens=3000, turns=3, write=False)
     return out
@@ -43,5 +45,6 @@ def render(result: dict[str, Any]) -> str:
         "savings": savings.render,
         "profile": profile.render,
         "stall": stall.render,
+        "ab": ab.render,
     }
     return "\n\n".join(f"## {name}\n{renderers[name](part)}" for name, part in result.items())

@@ -36,7 +36,7 @@ _MARKER_JSON = orjson.dumps(MARKER)
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
 _MESSAGES_KEY = re.compile(rb'"messages"\s*:\s*\[\s*')
 _OPEN, _QUOTE = frozenset(b"[{"), ord('"')  # any other token is a closing bracket
-# Memos per client and session name: the candidates one request is compared with.
+# Memos per client and session name (one per conversation in it): the candidates a request is compared with.
 PER_SCOPE = 32
 # A scope whose bodies keep missing stops paying for new memos (the scan costs about a parse).
 MISSES_BEFORE_PAUSE, RETRY_EVERY = 3, 16
@@ -152,7 +152,7 @@ def _opening(digests: list[bytes]) -> bytes:
 
 
 class BodyMemos:
-    """The last bodies of recent conversations, within a byte budget (least recently used go first)."""
+    """The last body of each recent conversation, within a byte budget (least recently used go first)."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget = budget_bytes
@@ -222,6 +222,10 @@ class BodyMemos:
             self.hits, self.wasted = self.hits / 2, self.wasted / 2
 
     def _add(self, scope: str, memo: _Memo) -> None:
+        """Remember `memo` as its conversation's last body: an older memo of the same conversation goes."""
+        opening = _opening(memo.digests)
+        for stale in [k for k in self._scopes.get(scope, ()) if _opening(self._memos[k][1].digests) == opening]:
+            self._drop(stale)
         key = next(self._ids)
         self._memos[key] = (scope, memo)
         keys = self._scopes.setdefault(scope, [])

@@ -71,3 +71,12 @@ def test_stall_reports_the_largest_gap_with_and_without_the_worker_thread(result
     stall = result["stall"]
     for mode in ("worker thread", "inline"):
         assert len(stall[mode]) == 1 and stall[mode][0] > 0
+
+
+def test_ab_compares_an_earlier_commit_with_the_tree_in_both_modes(result: dict) -> None:
+    if "ab" not in result:
+        pytest.skip("not a git checkout")
+    for mode in ("json", "stream"):
+        numbers = result["ab"]["modes"][mode]
+        assert numbers["old"]["cpu_ms_per_request"] > 0 and numbers["new"]["requests_per_s"] > 0
+        assert math.isfinite(numbers["cpu_new_over_old"])

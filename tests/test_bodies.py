@@ -140,20 +140,27 @@ def test_memory_stays_within_the_budget_and_the_per_scope_cap():
     assert len(off) == 0
 
 
-def test_a_history_edited_every_turn_stops_costing_memos_but_other_conversations_keep_theirs():
+def test_a_history_edited_every_turn_stops_costing_memos_but_other_conversations_keep_theirs(monkeypatch):
+    import proxy.bodies
+
+    scans = []
+    real = proxy.bodies._remembered
+    monkeypatch.setattr(proxy.bodies, "_remembered", lambda *a: scans.append(1) or real(*a))
     memos = BodyMemos(64 * MB)
     system = {"role": "system", "content": "sys"}
     task = {"role": "user", "content": "the task"}
     made = []
     for turn in range(8):  # the agent rewrites its third message (say, a clock) every turn
         clock = {"role": "user", "content": f"it is {turn} o'clock"}
-        before = len(memos)
+        before = len(scans)
         assert memos.parse(sdk_json({"messages": [system, task, clock], "model": "m"}), "s").reused == 0
-        made.append(len(memos) > before)
+        made.append(len(scans) > before)
+        assert len(memos) == 1  # one memo per conversation: the newer body replaces the older
     assert made[:3] == [True] * 3 and not any(made[4:])
     other = sdk_json({"messages": [system, {"role": "user", "content": "another task"}], "model": "m"})
     memos.parse(other, "s")
     assert memos.parse(other, "s").reused == 2
+    assert len(memos) == 2
 
 
 def test_more_conversations_than_the_budget_holds_stop_costing_memos(monkeypatch):

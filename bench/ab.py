@@ -1,0 +1,113 @@
+"""New against old in one run: the proxy of this tree and of an earlier commit, CPU per request side by side.
+
+`python -m bench ab --ref REV [-n N]`: `git archive REV` is unpacked into a temporary folder and
+both proxies (each in its own process, the real ContextService) serve the overhead benchmark's
+body from one simulator, in blocks at concurrency 16 that alternate old/new, json then stream.
+Read the ratios: on a shared 2-core machine the absolute figures drift between runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.overhead import _block, request_body
+from bench.procs import ROOT, START_TIMEOUT_S, Server, spawn
+from bench.stats import table
+
+CONCURRENCY = 16
+
+
+def _serve_from(tree: Path, upstream: str) -> Server:
+    """`python -m bench.serve proxy` run from `tree` (its own `proxy` package and `bench.serve`)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    command = [sys.executable, "-m", "bench.serve", "proxy", "--upstream", upstream]
+    proc = subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    deadline, port = time.monotonic() + START_TIMEOUT_S, 0
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the proxy from {tree} exited with {proc.wait()} before listening")
+        if line.startswith("PORT "):
+            port = int(line.split()[1])
+        elif line.startswith("ENGINE "):
+            return Server("proxy", proc, port, line.split()[1])
+    proc.kill()
+    raise RuntimeError(f"the proxy from {tree} did not start")
+
+
+async def _compare(old: Server, new: Server, stream: bool, n: int, rounds: int) -> dict[str, Any]:
+    body = request_body(stream)
+    totals = {name: {"requests": 0, "cpu_s": 0.0, "wall_s": 0.0} for name in ("old", "new")}
+    async with aiohttp.ClientSession() as client:
+        for server in (old, new):
+            await _block(client, server.url, body, CONCURRENCY * 10, CONCURRENCY)  # warm-up
+        for r in range(rounds):
+            order = [("old", old), ("new", new)] if r % 2 == 0 else [("new", new), ("old", old)]
+            for name, server in order:
+                cpu, started = server.cpu_seconds(), time.perf_counter()
+                await _block(client, server.url, body, n, CONCURRENCY)
+                totals[name]["cpu_s"] += server.cpu_seconds() - cpu
+                totals[name]["wall_s"] += time.perf_counter() - started
+                totals[name]["requests"] += n
+    rows = {
+        name: {
+            "cpu_ms_per_request": t["cpu_s"] / t["requests"] * 1e3,
+            "requests_per_s": t["requests"] / t["wall_s"],
+        }
+        for name, t in totals.items()
+    }
+    return {
+        **rows,
+        "cpu_new_over_old": rows["new"]["cpu_ms_per_request"] / rows["old"]["cpu_ms_per_request"],
+        "throughput_new_over_old": rows["new"]["requests_per_s"] / rows["old"]["requests_per_s"],
+    }
+
+
+def run_ab(ref: str, n: int = 800, rounds: int = 8) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-ab-") as folder:
+        tree = Path(folder)
+        archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        sim = spawn("sim")
+        servers = [sim]
+        try:
+            old = _serve_from(tree, sim.url)
+            servers.append(old)
+            new = _serve_from(ROOT, sim.url)
+            servers.append(new)
+            modes = {mode: asyncio.run(_compare(old, new, mode == "stream", n, rounds)) for mode in ("json", "stream")}
+        finally:
+            for server in servers:
+                server.stop()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    return {"ref": ref, "head": head.strip(), "concurrency": CONCURRENCY, "requests_per_block": n, "modes": modes}
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = [
+        [
+            mode,
+            r["old"]["cpu_ms_per_request"],
+            r["new"]["cpu_ms_per_request"],
+            r["cpu_new_over_old"],
+            r["old"]["requests_per_s"],
+            r["new"]["requests_per_s"],
+            r["throughput_new_over_old"],
+        ]
+        for mode, r in result["modes"].items()
+    ]
+    header = ["mode", "old CPU ms/req", "new CPU ms/req", "new/old CPU", "old req/s", "new req/s", "new/old req/s"]
+    return (
+        f"proxy at {result['ref']} (old) against the working tree at {result['head']} (new), "
+        f"concurrency {result['concurrency']}, {result['requests_per_block']} requests a block\n" + table(header, rows)
+    )
