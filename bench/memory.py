@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import subprocess
+import sys
 import time
 import tracemalloc
 from typing import Any
@@ -18,12 +20,30 @@ import orjson
 from bench.convo import Conversation
 from bench.engine import handle, service
 from bench.overhead import request_body
-from bench.procs import Server, Servers
+from bench.procs import ROOT, Server, Servers
 from bench.stats import slope, table
 
 MB = 1024 * 1024
 SESSION_MODEL = "gpt-4o"  # 128k window: a 100k conversation fits
 STREAM_MODEL = "gpt-4.1"  # 1M window: a 1 MB request fits
+
+
+# Run in a fresh interpreter: RSS before and after loading o200k_base the proxy's way.
+_ENCODING_RSS = """
+import tiktoken, proxy.encodings
+def rss():
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmRSS:"))
+before = rss()
+proxy.encodings.get_encoding("o200k_base")
+print(before, rss())
+"""
+
+
+def encoding_rss() -> dict[str, int]:
+    """What the o200k encoding alone costs any Python process (tiktoken imported first, so not counted)."""
+    run = subprocess.run([sys.executable, "-c", _ENCODING_RSS], cwd=ROOT, capture_output=True, text=True, check=True)
+    before, after = (int(v) for v in run.stdout.split())
+    return {"before": before, "after": after}
 
 
 def _headers(session: str, **extra: str) -> dict[str, str]:
@@ -183,7 +203,7 @@ async def run_memory(
     servers = servers or Servers()
     try:
         idle = {"proxy": servers.proxy.rss_bytes(), "relay": servers.relay.rss_bytes()}
-        out: dict[str, Any] = {"engine": servers.proxy.engine, "idle_rss": idle}
+        out: dict[str, Any] = {"engine": servers.proxy.engine, "idle_rss": idle, "encoding": encoding_rss()}
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as client:
             for server in (servers.relay, servers.proxy):  # one request: encodings loaded, pools open
                 await _post(client, server.url, request_body(False), _headers("bench-first"))
@@ -236,5 +256,9 @@ def render(result: dict[str, Any]) -> str:
             "into the shared, bounded token-count cache and "
             f"{sess['traced_body_memo'] / 1024:,.0f} KB ({sess['traced_body_memo'] / conv:.0%}) in the body memo "
             "(bounded by [state] body_memo_mb)",
+            "",
+            f"o200k_base alone, in a fresh Python process with tiktoken imported: "
+            f"{result['encoding']['before'] / MB:.1f} -> {result['encoding']['after'] / MB:.1f} MB "
+            f"(+{(result['encoding']['after'] - result['encoding']['before']) / MB:.1f} MB)",
         ]
     )

@@ -47,6 +47,7 @@ def test_scaling_reports_first_and_warm_cpu_per_size(result: dict) -> None:
 def test_memory_reports_idle_sessions_streams_and_slope(result: dict) -> None:
     memory = result["memory"]
     assert memory["idle_rss"]["proxy"] > 0 and memory["idle_rss"]["relay"] > 0
+    assert memory["encoding"]["after"] > memory["encoding"]["before"] > 0
     assert memory["sessions"]["conversation_bytes"] > 0 and memory["sessions"]["traced_per_session"] > 0
     assert {"relay", "proxy"} <= set(memory["streams"]) and {"relay", "proxy"} == set(memory["slope"])
 
