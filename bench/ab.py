@@ -9,9 +9,7 @@ Read the ratios: on a shared 2-core machine the absolute figures drift between r
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,29 +18,10 @@ from typing import Any
 import aiohttp
 
 from bench.overhead import _block, request_body
-from bench.procs import ROOT, START_TIMEOUT_S, Server, spawn
+from bench.procs import ROOT, Server, spawn
 from bench.stats import table
 
 CONCURRENCY = 16
-
-
-def _serve_from(tree: Path, upstream: str) -> Server:
-    """`python -m bench.serve proxy` run from `tree` (its own `proxy` package and `bench.serve`)."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    command = [sys.executable, "-m", "bench.serve", "proxy", "--upstream", upstream]
-    proc = subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    deadline, port = time.monotonic() + START_TIMEOUT_S, 0
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the proxy from {tree} exited with {proc.wait()} before listening")
-        if line.startswith("PORT "):
-            port = int(line.split()[1])
-        elif line.startswith("ENGINE "):
-            return Server("proxy", proc, port, line.split()[1])
-    proc.kill()
-    raise RuntimeError(f"the proxy from {tree} did not start")
 
 
 async def _compare(old: Server, new: Server, stream: bool, n: int, rounds: int) -> dict[str, Any]:
@@ -81,9 +60,9 @@ def run_ab(ref: str, n: int = 800, rounds: int = 8) -> dict[str, Any]:
         sim = spawn("sim")
         servers = [sim]
         try:
-            old = _serve_from(tree, sim.url)
+            old = spawn("proxy", "--upstream", sim.url, tree=tree)
             servers.append(old)
-            new = _serve_from(ROOT, sim.url)
+            new = spawn("proxy", "--upstream", sim.url)
             servers.append(new)
             modes = {mode: asyncio.run(_compare(old, new, mode == "stream", n, rounds)) for mode in ("json", "stream")}
         finally:

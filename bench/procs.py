@@ -53,11 +53,15 @@ class Server:
                 self.proc.wait(timeout=5)
 
 
-def spawn(kind: str, *args: str) -> Server:
-    """Start `python -m bench.serve KIND ARGS` and wait for it to print its port."""
+def spawn(kind: str, *args: str, tree: Path = ROOT) -> Server:
+    """Start `python -m bench.serve KIND ARGS` and wait for it to print its port.
+
+    `tree`: a checkout to run from (its own `proxy` and `bench`), e.g. an older commit for `bench ab`.
+    """
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.serve", kind, *args],
-        cwd=ROOT,
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
         stdout=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy import bodies as bodies_module
 from proxy.bodies import PER_SCOPE, BodyMemos, array_end, messages_start
 from proxy.context.messages import message_digest
 from proxy.traces import load_trace, requests
@@ -140,12 +141,16 @@ def test_memory_stays_within_the_budget_and_the_per_scope_cap():
     assert len(off) == 0
 
 
-def test_a_history_edited_every_turn_stops_costing_memos_but_other_conversations_keep_theirs(monkeypatch):
-    import proxy.bodies
+@pytest.fixture
+def scans(monkeypatch) -> list[int]:
+    """One entry per memo the store tried to make from a full parse (each costs a scan of the body)."""
+    made: list[int] = []
+    real = bodies_module._remembered
+    monkeypatch.setattr(bodies_module, "_remembered", lambda *args: made.append(1) or real(*args))
+    return made
 
-    scans = []
-    real = proxy.bodies._remembered
-    monkeypatch.setattr(proxy.bodies, "_remembered", lambda *a: scans.append(1) or real(*a))
+
+def test_a_history_edited_every_turn_stops_costing_memos_but_other_conversations_keep_theirs(scans):
     memos = BodyMemos(64 * MB)
     system = {"role": "system", "content": "sys"}
     task = {"role": "user", "content": "the task"}
@@ -163,13 +168,8 @@ def test_a_history_edited_every_turn_stops_costing_memos_but_other_conversations
     assert len(memos) == 2
 
 
-def test_more_conversations_than_the_budget_holds_stop_costing_memos(monkeypatch):
+def test_more_conversations_than_the_budget_holds_stop_costing_memos(scans):
     """Round robin over 6 conversations with room for 2: without a check, each memo is evicted before its next turn."""
-    import proxy.bodies
-
-    made = []
-    real = proxy.bodies._remembered
-    monkeypatch.setattr(proxy.bodies, "_remembered", lambda *a: made.append(1) or real(*a))
     conversations = [[{"role": "user", "content": f"task {k} " + "x" * 2000}] for k in range(6)]
     memos = BodyMemos(2 * 3 * 2200)  # two memos of these ~2.1-2.6 KB bodies
     reused = 0
@@ -177,7 +177,7 @@ def test_more_conversations_than_the_budget_holds_stop_costing_memos(monkeypatch
         for history in conversations:
             history.append({"role": "assistant", "content": f"answer {turn}"})
             reused += memos.parse(sdk_json({"messages": history, "model": "m"}), "s").reused > 0
-    assert len(made) < 72 / 4, len(made)  # without the check: a scan on every one of the 72 turns, no hit
+    assert len(scans) < 72 / 4, len(scans)  # without the check: a scan on every one of the 72 turns, no hit
     assert reused > 0  # the memos kept serve their conversations instead of being pushed out unused
 
 
