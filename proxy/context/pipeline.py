@@ -248,7 +248,10 @@ def _clearing(turn: _Turn, out: list[Message], counts: list[int], *, forced: boo
     bound = _clearing_bound(turn, keep_tokens)
     if bound is None or bound[0] < max(1, rules.clear_at_least):
         return None
-    positions = _positions(counts, turn.fixed - REPLY_PRIMING)
+    freed, newest = bound
+    unpaid = turn.state.unpaid_bound
+    if not forced and unpaid and freed < unpaid + max(rules.clear_at_least, unpaid // REPLAN_GROWTH):
+        return None
     total = turn.total(counts)
     turns = sum(1 for m in turn.messages if m.get("role") == "assistant")
     d = turn.model.cache_discount
@@ -256,17 +259,17 @@ def _clearing(turn: _Turn, out: list[Message], counts: list[int], *, forced: boo
     def pays(freed: int, first: int) -> bool:
         return epoch_pays(discount=d, tokens_after=total - freed, first_changed=first, freed=freed, turns_so_far=turns)
 
-    freed, newest = bound
-    unpaid = turn.state.unpaid_bound
-    if not forced and unpaid and freed < unpaid + max(rules.clear_at_least, unpaid // REPLAN_GROWTH):
-        return None
-    if not forced and not pays(freed, positions[turn.where[newest]]):
+    def position(j: int) -> int:
+        """The token position where output message `j` starts (the tools schema comes first)."""
+        return turn.fixed - REPLY_PRIMING + sum(counts[:j])
+
+    if not forced and not pays(freed, position(turn.where[newest])):
         return None
     clear = replace(ClearToolOutputs.from_policy(rules), keep_tokens=keep_tokens)
     visible, digests = _visible_output(turn, out)
     plan = clear.plan(visible, turn.counter, digests)
     paid = bool(plan.ids) and (
-        forced or pays(plan.tokens, positions[_visible_to_output(turn, min(plan.indices(visible, digests)))])
+        forced or pays(plan.tokens, position(_visible_to_output(turn, min(plan.indices(visible, digests)))))
     )
     if not paid:
         if not forced:
@@ -306,15 +309,6 @@ def _clearing_bound(turn: _Turn, keep_tokens: int) -> tuple[int, int] | None:
         state.sent[i] for i in range(boundary + 1) if state.outputs[i] and state.decisions[i] is KEPT and i != last
     )
     return freed, boundary
-
-
-def _positions(counts: Sequence[int], offset: int) -> list[int]:
-    """The token position where each output message starts (the tools schema comes first)."""
-    positions, at = [], offset
-    for n in counts:
-        positions.append(at)
-        at += n
-    return positions
 
 
 def _visible_output(turn: _Turn, out: list[Message]) -> tuple[list[Message], list[bytes]]:
