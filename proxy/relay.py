@@ -106,6 +106,8 @@ class SseUsageFilter:
 def _last_event_end(data: bytes | bytearray, before: int | None = None) -> int:
     """Where the last complete event in `data[:before]` ends (0 when there is none)."""
     before = len(data) if before is None else before
+    if data.endswith(_EVENT_ENDINGS, 0, before):
+        return before  # the usual read: whole events
     end = 0
     for separator in _EVENT_ENDINGS:
         at = data.rfind(separator, 0, before)

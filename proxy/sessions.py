@@ -41,7 +41,7 @@ def sanitize_session_id(raw: Any) -> str | None:
 def header_value(headers: Mapping[str, str], name: str) -> str | None:
     """The header `name` (lower case) from aiohttp's headers or a plain dict."""
     value = headers.get(name)
-    if value is None:  # a plain dict is case-sensitive; aiohttp's headers are not
+    if value is None and not hasattr(headers, "getall"):  # a plain dict is case-sensitive; aiohttp's are not
         value = next((v for k, v in headers.items() if k.lower() == name), None)
     return value
 
