@@ -157,7 +157,6 @@ async def _send_chat(request: web.Request, turn: PreparedTurn, raw: bytes) -> tu
     upstream = request.app[UPSTREAM]
     headers = CIMultiDict(request.headers)
     headers["Content-Type"] = "application/json"
-    headers.popall("Content-Encoding", None)  # aiohttp decoded a compressed body; it goes upstream decoded
     body, retried = turn.body, False
     while True:
         try:
@@ -218,16 +217,14 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if request.content_length is not None and request.content_length > limit:
         return _too_large(settings)
     body = _StreamedBody(request, limit) if request.body_exists else None
-    headers, length = request.headers, request.content_length
-    if "Content-Encoding" in headers:  # aiohttp decodes the body as it reads: it goes on decoded, length unknown
-        headers, length = CIMultiDict(headers), None
-        headers.popall("Content-Encoding")
+    # aiohttp decodes a compressed body as it reads it: that goes on decoded, its length unknown.
+    length = None if "Content-Encoding" in request.headers else request.content_length
     try:
         response = await request.app[UPSTREAM].send(
             request.method,
             tail,
             query_string=request.rel_url.raw_query_string,
-            headers=headers,
+            headers=request.headers,
             body=body.__aiter__() if body is not None else None,
             content_length=length,
             route="passthrough",

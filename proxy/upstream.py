@@ -34,8 +34,9 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Set by the proxy itself, never copied from the client.
-_REQUEST_OWN = frozenset({"host", "content-length", "expect", "accept-encoding"})
+# Set by the proxy itself, never copied from the client. `content-encoding` too: aiohttp decodes a
+# compressed request body as the proxy reads it, so every body goes upstream decoded.
+_REQUEST_OWN = frozenset({"host", "content-length", "expect", "accept-encoding", "content-encoding"})
 
 UPSTREAM_LATENCY = METRICS.histogram(
     "context_proxy_upstream_latency_seconds", "Time from sending a request upstream to its response headers", ["route"]
