@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.overhead import _block, request_body
+from bench.overhead import _block, _blocks, request_body
 from bench.procs import ROOT, Server, spawn
 from bench.stats import table
 
@@ -26,24 +25,18 @@ CONCURRENCY = 16
 
 async def _compare(old: Server, new: Server, stream: bool, n: int, rounds: int) -> dict[str, Any]:
     body = request_body(stream)
-    totals = {name: {"requests": 0, "cpu_s": 0.0, "wall_s": 0.0} for name in ("old", "new")}
+    servers = {"old": old, "new": new}
     async with aiohttp.ClientSession() as client:
-        for server in (old, new):
+        for server in servers.values():
             await _block(client, server.url, body, CONCURRENCY * 10, CONCURRENCY)  # warm-up
-        for r in range(rounds):
-            order = [("old", old), ("new", new)] if r % 2 == 0 else [("new", new), ("old", old)]
-            for name, server in order:
-                cpu, started = server.cpu_seconds(), time.perf_counter()
-                await _block(client, server.url, body, n, CONCURRENCY)
-                totals[name]["cpu_s"] += server.cpu_seconds() - cpu
-                totals[name]["wall_s"] += time.perf_counter() - started
-                totals[name]["requests"] += n
+        urls = {name: server.url for name, server in servers.items()}
+        runs = await _blocks(client, urls, body, n * rounds, CONCURRENCY, rounds, processes=servers)
     rows = {
         name: {
-            "cpu_ms_per_request": t["cpu_s"] / t["requests"] * 1e3,
-            "requests_per_s": t["requests"] / t["wall_s"],
+            "cpu_ms_per_request": run.cpu_s / len(run.samples) * 1e3,
+            "requests_per_s": len(run.samples) / run.seconds,
         }
-        for name, t in totals.items()
+        for name, run in runs.items()
     }
     return {
         **rows,

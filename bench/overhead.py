@@ -114,11 +114,19 @@ async def _blocks(
     concurrency: int,
     rounds: int,
     sim: Server | None = None,
+    processes: dict[str, Server] | None = None,
 ) -> dict[str, TargetRun]:
-    runs = {t: TargetRun() for t in TARGETS}
+    """Blocks of `n // rounds` requests per target, the targets' order rotating each round.
+
+    `processes`: the server behind each target, whose CPU time each of its blocks adds to `cpu_s`.
+    """
+    names = list(urls)
+    runs = {t: TargetRun() for t in names}
     per_block = max(concurrency, n // rounds)
     for r in range(rounds):
-        for target in TARGETS[r % 3 :] + TARGETS[: r % 3]:
+        for target in names[r % len(names) :] + names[: r % len(names)]:
+            process = (processes or {}).get(target)
+            own_before = process.cpu_seconds() if process else 0.0
             sim_before = sim.cpu_seconds() if sim else 0.0
             client_before = time.process_time()
             started = time.perf_counter()
@@ -126,6 +134,7 @@ async def _blocks(
             runs[target].seconds += time.perf_counter() - started
             runs[target].client_cpu_s += time.process_time() - client_before
             runs[target].sim_cpu_s += (sim.cpu_seconds() - sim_before) if sim else 0.0
+            runs[target].cpu_s += (process.cpu_seconds() - own_before) if process else 0.0
     return runs
 
 
