@@ -211,13 +211,13 @@ class ContextService:
         self.holder = holder
         self.store = store
         self.ratios: OrderedDict[str, float] = OrderedDict()  # model name -> upstream/estimate
-        self.bodies = BodyMemos(int(holder.settings.state.body_memo_mb * 1024 * 1024))
+        self.bodies = BodyMemos(holder.settings.state.body_memo_bytes)
 
     def parse_body(
         self, raw: bytes, *, path_session: str | None, headers: Mapping[str, str], credential: str
     ) -> Parsed:
         """The validated body, its repeated prefix taken from this conversation's last body (proxy.bodies)."""
-        self.bodies.budget = int(self.holder.settings.state.body_memo_mb * 1024 * 1024)
+        self.bodies.budget = self.holder.settings.state.body_memo_bytes  # follows a config reload
         client = hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()[:32]  # no key kept in memory
         scope = f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
         parsed = self.bodies.parse(raw, scope)

@@ -48,6 +48,10 @@ class StateConfig:
     path: str = ""  # SQLite file; empty = memory only
     body_memo_mb: float = 64  # last bodies of recent sessions, so a warm turn parses only what is new; 0 = off
 
+    @property
+    def body_memo_bytes(self) -> int:
+        return int(self.body_memo_mb * 1024 * 1024)
+
 
 @dataclass(frozen=True)
 class AuthConfig:
