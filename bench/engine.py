@@ -15,20 +15,20 @@ from typing import Any
 
 import orjson
 
-from proxy.chat import ContextService, build_context_service
 from proxy.config import ConfigHolder, load_settings
+from proxy.service import EngineService, build_context_service
 
 PHASES = ("parse", "prepare", "serialise", "usage")
 
 
-def service(max_sessions: int = 1000) -> ContextService:
+def service(max_sessions: int = 1000) -> EngineService:
     """A fresh ContextService on the default config, detached from file reloads."""
     settings = load_settings()
     settings = replace(settings, path="", state=replace(settings.state, max_sessions=max_sessions))
     return build_context_service(ConfigHolder(settings))
 
 
-def handle(svc: ContextService, raw: bytes, session: str, prompt_tokens: int = 0) -> tuple[Any, dict[str, float]]:
+def handle(svc: EngineService, raw: bytes, session: str, prompt_tokens: int = 0) -> tuple[Any, dict[str, float]]:
     """One chat request as the server handles it, minus the sockets: the turn and CPU ms per phase."""
     clock = time.process_time
     t0 = clock()
@@ -40,7 +40,7 @@ def handle(svc: ContextService, raw: bytes, session: str, prompt_tokens: int = 0
     t2 = clock()
     orjson.dumps(turn.body)
     t3 = clock()
-    turn.record_usage({"prompt_tokens": prompt_tokens or 1, "prompt_tokens_details": {"cached_tokens": 0}})
+    turn.record_usage([{"usage": {"prompt_tokens": prompt_tokens or 1, "prompt_tokens_details": {"cached_tokens": 0}}}])
     t4 = clock()
     return turn, dict(zip(PHASES, ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3), strict=True))
 

@@ -19,9 +19,9 @@ import orjson
 
 from bench.stats import table
 from proxy import server
-from proxy.chat import build_context_service
 from proxy.config import ConfigHolder, Settings, load_settings
-from proxy.relay import overflow_tokens
+from proxy.dialects.chat import overflow_tokens
+from proxy.service import build_context_service
 from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from proxy.traces import Trace, list_traces, load_trace, requests
 

@@ -22,8 +22,8 @@ import orjson
 from bench.convo import Conversation
 from bench.procs import spawn
 from proxy import server
-from proxy.chat import build_context_service
 from proxy.config import ConfigHolder, load_settings
+from proxy.service import build_context_service
 
 PACING_MS = 5
 SIZE = 200_000

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from proxy.errors import error_response
 from proxy.metrics import METRICS
-from proxy.turns import PreparedTurn
+from proxy.seam import PreparedTurn
 from proxy.upstream import end_to_end
 
 log = logging.getLogger("proxy.relay")
@@ -32,11 +32,6 @@ _EVENT_ENDINGS = (b"\r\n\r\n", b"\n\n", b"\r\r")  # what _EVENT_END finds, at a 
 # A usage object, not `"usage": null` (which OpenAI puts in every chunk once usage is asked for).
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 _MAX_JSON_CAPTURE = 8 * 1024 * 1024  # a non-streaming body kept aside for its usage, up to this size
-_OVERFLOW_PATTERNS = (
-    re.compile(r"resulted in (\d+) tokens"),
-    re.compile(r"\((\d+) in the messages"),
-    re.compile(r"requested (\d+) tokens"),
-)
 
 
 class SseUsageFilter:
@@ -48,7 +43,7 @@ class SseUsageFilter:
 
     def __init__(self, strip_usage_chunk: bool) -> None:
         self.strip = strip_usage_chunk
-        self.usage: dict | None = None
+        self.payloads: list[dict] = []  # every event payload that held a usage object, in order
         self._pending = bytearray()
 
     def feed(self, chunk: bytes) -> bytes:
@@ -88,8 +83,14 @@ class SseUsageFilter:
             return b""
         return rest if self.strip else b""
 
+    @property
+    def usage(self) -> dict | None:
+        """The last top-level usage object seen (chat's usage chunk)."""
+        usages = [p["usage"] for p in self.payloads if isinstance(p.get("usage"), dict)]
+        return usages[-1] if usages else None
+
     def _read(self, event: bytes) -> bool:
-        """Record the event's usage; True when it is a usage-only chunk (`choices == []`)."""
+        """Keep the payload of an event holding usage; True when it is chat's usage-only chunk (`choices == []`)."""
         if not _USAGE_OBJECT.search(event):
             return False
         data = b"\n".join(line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:"))
@@ -97,10 +98,10 @@ class SseUsageFilter:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
             return False
-        if not isinstance(payload, dict) or not isinstance(payload.get("usage"), dict):
+        if not isinstance(payload, dict):
             return False
-        self.usage = payload["usage"]
-        return payload.get("choices") == []
+        self.payloads.append(payload)
+        return isinstance(payload.get("usage"), dict) and payload.get("choices") == []
 
 
 def _last_event_end(data: bytes | bytearray, before: int | None = None) -> int:
@@ -114,21 +115,6 @@ def _last_event_end(data: bytes | bytearray, before: int | None = None) -> int:
         if at >= 0:
             end = max(end, at + len(separator))
     return end
-
-
-def overflow_tokens(error_body: bytes) -> int | None:
-    """The prompt size an upstream `context_length_exceeded` error reports, if it is one."""
-    try:
-        error = orjson.loads(error_body).get("error") or {}
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    message = error.get("message") if isinstance(error, dict) else None
-    if error.get("code") != "context_length_exceeded" or not isinstance(message, str):
-        return None
-    for pattern in _OVERFLOW_PATTERNS:
-        if match := pattern.search(message):
-            return int(match.group(1))
-    return None
 
 
 async def read_head(response: aiohttp.ClientResponse, cap: int) -> bytes:
@@ -147,13 +133,13 @@ def response_headers(upstream: aiohttp.ClientResponse, extra: Mapping[str, str],
     return headers  # type: ignore[return-value]
 
 
-def _usage_from_json(body: bytes) -> dict | None:
+def _payload_from_json(body: bytes) -> list[dict]:
+    """The response body as the one payload usage is read from ([] when it is not a JSON object)."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None
-    usage = payload.get("usage") if isinstance(payload, dict) else None
-    return usage if isinstance(usage, dict) else None
+        return []
+    return [payload] if isinstance(payload, dict) else []
 
 
 def _break_connection(request: web.Request) -> None:
@@ -214,10 +200,10 @@ async def relay(
             upstream.release()
         else:  # client gone, cancelled, or upstream broken: drop the upstream connection now
             upstream.close()
-    usage = sse.usage if sse is not None else _usage_from_json(captured) if captured else None
-    if usage is not None and turn is not None:
+    payloads = sse.payloads if sse is not None else _payload_from_json(captured) if captured else []
+    if payloads and turn is not None:
         try:
-            turn.record_usage(usage)
+            turn.record_usage(payloads)
         except Exception:  # the answer is already delivered; a bookkeeping bug must not turn it into a 500
             log.exception("recording usage failed")
     return response

@@ -1,6 +1,6 @@
 """The aiohttp shell: routes, body limits, the chat path through the engine, everything else verbatim.
 
-Decisions about messages live in the engine behind `ContextService` (proxy/turns.py);
+Decisions about messages live in the engine behind `ContextService` (proxy/seam.py);
 this module only moves bytes and turns failures into OpenAI-shaped errors.
 """
 
@@ -24,12 +24,13 @@ from multidict import CIMultiDict
 
 from proxy.access import CLIENT_CREDENTIAL, access_middleware, admin_denied, authorization_token, exposure_problem
 from proxy.config import ConfigHolder, Settings
+from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.errors import error_response
 from proxy.metrics import METRICS
-from proxy.relay import overflow_tokens, read_head, relay
-from proxy.turns import BodyParser, ContextService, PassthroughService, PassthroughTurn, PreparedTurn, Rejected
+from proxy.relay import read_head, relay
+from proxy.seam import BodyParser, ContextService, PassthroughService, PassthroughTurn, PreparedTurn, Rejected
 from proxy.upstream import Upstream, UpstreamError
-from proxy.validate import InvalidRequest, parse_chat_body
+from proxy.validate import InvalidRequest
 
 log = logging.getLogger("proxy.server")
 
@@ -112,19 +113,23 @@ def _upstream_tail(request: web.Request) -> str | None:
     return raw[len("/v1/") :]
 
 
-def _parse_and_prepare(context: Any, parses: bool, raw: bytes, **request: Any) -> Any:
-    """Validate the body and let the engine prepare the turn (`parses`: the service parses bodies itself)."""
-    if parses:
+def _parse_and_prepare(context: Any, parses: bool, dialect: Dialect, raw: bytes, **request: Any) -> Any:
+    """Validate the body and let the engine prepare the turn (`parses`: the service parses chat bodies itself)."""
+    if parses and dialect is CHAT:
         parsed = context.parse_body(raw, **request)
         return context.prepare(**request, body=parsed.body, digests=parsed.digests)
-    return context.prepare(**request, body=parse_chat_body(raw))
+    body = dialect.parse(raw)
+    if dialect is CHAT:  # a service that knows only chat takes the seam's original call
+        return context.prepare(**request, body=body)
+    return context.prepare(**request, body=body, dialect=dialect)
 
 
-async def _prepare(request: web.Request, raw: bytes) -> PreparedTurn | web.Response:
+async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> PreparedTurn | web.Response:
     work = functools.partial(
         _parse_and_prepare,
         request.app[CONTEXT],
         request.app[PARSES_BODIES],
+        dialect,
         raw,
         path_session=request.match_info.get("session"),
         headers=request.headers,
@@ -146,13 +151,15 @@ async def _prepare(request: web.Request, raw: bytes) -> PreparedTurn | web.Respo
         log.error("context engine failed (%s); forwarding the request unchanged", type(exc).__name__)
         log.debug("context engine failure", exc_info=True)
         try:
-            return PassthroughTurn(body=parse_chat_body(raw))
+            return PassthroughTurn(body=dialect.parse(raw))
         except InvalidRequest as invalid:
             return error_response(400, invalid.message, invalid.code, invalid.param)
     return turn
 
 
-async def _send_chat(request: web.Request, turn: PreparedTurn, raw: bytes) -> tuple[aiohttp.ClientResponse, bytes]:
+async def _send(
+    request: web.Request, dialect: Dialect, turn: PreparedTurn, raw: bytes
+) -> tuple[aiohttp.ClientResponse, bytes]:
     """Send the turn; on a context overflow let the engine refit once, before the client saw a byte."""
     upstream = request.app[UPSTREAM]
     headers = CIMultiDict(request.headers)
@@ -165,11 +172,11 @@ async def _send_chat(request: web.Request, turn: PreparedTurn, raw: bytes) -> tu
             raise InvalidRequest(f"The request body cannot be forwarded: {exc}.", None, "invalid_body") from exc
         response = await upstream.send(
             "POST",
-            "chat/completions",
+            dialect.upstream_path,
             query_string=request.query_string,
             headers=headers,
             body=data,
-            route="chat",
+            route=dialect.name,
             identity=True,
         )
         if response.status != 400 or retried:
@@ -179,7 +186,7 @@ async def _send_chat(request: web.Request, turn: PreparedTurn, raw: bytes) -> tu
         except (TimeoutError, aiohttp.ClientError) as exc:
             response.close()
             raise UpstreamError(502, "The upstream broke off its error response.", "upstream_broken") from exc
-        tokens = overflow_tokens(head)
+        tokens = dialect.overflow_tokens(response.status, head)
         refitted = turn.refit(tokens) if tokens is not None else None
         if refitted is None:
             return response, head
@@ -188,23 +195,34 @@ async def _send_chat(request: web.Request, turn: PreparedTurn, raw: bytes) -> tu
         body, retried = refitted, True
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """POST /v1/chat/completions: validate, let the engine prepare the turn, forward, relay."""
+async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
+    """A rewritten route (one per dialect): validate, let the engine prepare the turn, forward, relay."""
     settings = request.app[HOLDER].settings
     try:
         raw = await read_body(request, _max_body(settings))
     except BodyTooLarge:
         return _too_large(settings)
-    turn = await _prepare(request, raw)
+    turn = await _prepare(request, dialect, raw)
     if isinstance(turn, web.StreamResponse):
         return turn
     try:
-        response, head = await _send_chat(request, turn, raw)
+        response, head = await _send(request, dialect, turn, raw)
     except UpstreamError as exc:
         return error_response(exc.status, exc.message, exc.code)
     except InvalidRequest as exc:
         return error_response(400, exc.message, exc.code, exc.param)
-    return await relay(request, response, turn=turn, route="chat", prefix=head)
+    return await relay(request, response, turn=turn, route=dialect.name, prefix=head)
+
+
+def _rewrite_route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await rewrite(request, dialect)
+
+    handler.__doc__ = f"POST /v1/{dialect.upstream_path}, rewritten by the engine."
+    return handler
+
+
+_REWRITE_ROUTES = {dialect: _rewrite_route(dialect) for dialect in DIALECTS}
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -264,7 +282,7 @@ async def sessions(request: web.Request) -> web.Response:
 
 
 _ROUTE_LABELS: dict[Callable, str] = {
-    chat_completions: "chat_completions",
+    **{handler: d.upstream_path.replace("/", "_") for d, handler in _REWRITE_ROUTES.items()},
     passthrough: "passthrough",
     healthz: "healthz",
     metrics: "metrics",
@@ -329,8 +347,9 @@ def create_app(
     app[ENGINE_THREAD] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="context-engine")
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
-    router.add_post("/v1/chat/completions", chat_completions)
-    router.add_post("/s/{session}/v1/chat/completions", chat_completions)
+    for dialect, handler in _REWRITE_ROUTES.items():
+        router.add_post(f"/v1/{dialect.upstream_path}", handler)
+        router.add_post(f"/s/{{session}}/v1/{dialect.upstream_path}", handler)
     router.add_route("*", "/v1/{tail:.*}", passthrough)
     router.add_route("*", "/s/{session}/v1/{tail:.*}", passthrough)
     router.add_get("/healthz", healthz)

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.context.journal import TurnReport
-from proxy.context.messages import message_digest
-from proxy.context.policy import ModelInfo
+from proxy.dialects.base import Conversation, Message
 
 MAX_ID_LENGTH = 128
 SESSION_HEADER = "x-session-id"
@@ -46,44 +45,39 @@ def header_value(headers: Mapping[str, str], name: str) -> str | None:
     return value
 
 
-def _first(messages: list, roles: tuple[str, ...]) -> int | None:
+def _first(messages: Sequence[Message], roles: tuple[str, ...]) -> int | None:
     return next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") in roles), None)
 
 
-def fingerprint(credential: str, body: Mapping[str, Any], digests: Sequence[bytes] | None = None) -> str:
+def fingerprint(credential: str, messages: Sequence[Message], digests: Sequence[bytes]) -> str:
     """A session id from who is asking and how the conversation starts (its first system and user messages).
 
     The credential is part of it, so two users with the same system prompt and task never share a session.
-    `digests`, when the caller has them, are the messages' `message_digest`s (not recomputed).
+    `digests` are the engine messages' digests (what the journal keys on).
     """
-    messages = body.get("messages")
-    messages = messages if isinstance(messages, list) else []
     hasher = hashlib.sha256(hashlib.sha256(credential.encode("utf-8", "surrogatepass")).digest())
     for roles in (("system", "developer"), ("user",)):
         i = _first(messages, roles)
-        hasher.update(b"-" if i is None else digests[i] if digests is not None else message_digest(messages[i]))
+        hasher.update(b"-" if i is None else digests[i])
     return f"fp-{hasher.hexdigest()[:32]}"
 
 
 def session_id_for(
     path_session: str | None,
     headers: Mapping[str, str],
-    body: Mapping[str, Any],
+    hints: Sequence[Any],
     credential: str,
-    digests: Sequence[bytes] | None = None,
+    conversation: Conversation,
 ) -> str:
-    """SPEC §2's order: the `/s/{id}/v1` path, `X-Session-Id`, `metadata.session_id`, else a fingerprint."""
-    metadata = body.get("metadata")
-    candidates = (
-        path_session,
-        header_value(headers, SESSION_HEADER),
-        metadata.get("session_id") if isinstance(metadata, dict) else None,
-    )
-    for raw in candidates:
+    """SPEC §2's order: the `/s/{id}/v1` path, `X-Session-Id`, the dialect's own hints, else a fingerprint.
+
+    Chat's hint is `metadata.session_id`; other APIs name theirs (`proxy.dialects`).
+    """
+    for raw in (path_session, header_value(headers, SESSION_HEADER), *hints):
         session_id = sanitize_session_id(raw)
         if session_id:
             return session_id
-    return fingerprint(credential, body, digests)
+    return fingerprint(credential, conversation.messages, conversation.digests)
 
 
 def scoped_key(session_id: str, credential: str) -> str:
@@ -101,12 +95,6 @@ def scoped_key(session_id: str, credential: str) -> str:
 def visible_id(key: str) -> str:
     """The session id as the client named it, without the credential scope."""
     return key.rsplit("@", 1)[0] if "@" in key else key
-
-
-def cost_usd(model: ModelInfo, prompt_tokens: int, cached_tokens: int) -> float:
-    """Input cost of one request: uncached tokens at the input price, cached ones at the cached price."""
-    cached = max(0, min(cached_tokens, prompt_tokens))
-    return ((prompt_tokens - cached) * model.input_per_mtok + cached * model.cached_input_per_mtok) / 1e6
 
 
 @dataclass(slots=True)

@@ -56,8 +56,8 @@ class RecordingTurn:
     refits: list[int] = field(default_factory=list)
     refit_body: dict | None = None
 
-    def record_usage(self, usage: dict) -> None:
-        self.usages.append(usage)
+    def record_usage(self, payloads: list[dict]) -> None:
+        self.usages.extend(p["usage"] for p in payloads if isinstance(p.get("usage"), dict))
 
     def refit(self, reported_prompt_tokens: int) -> dict | None:
         self.refits.append(reported_prompt_tokens)

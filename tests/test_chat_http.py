@@ -16,10 +16,10 @@ import aiohttp
 import openai
 import pytest
 
-from proxy import chat
-from proxy.chat import build_context_service
+from proxy import service
 from proxy.config import ConfigHolder, load_settings
 from proxy.context.tokens import canonical_bytes
+from proxy.service import build_context_service
 from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from tests.harness import Rig, serve_proxy
 
@@ -218,13 +218,13 @@ async def test_sessions_beyond_max_sessions_are_evicted_oldest_first(tmp_path: P
 
 
 async def test_metrics_are_per_policy_never_per_session(rig: Rig, sim: Any) -> None:
-    before = chat.TOKENS_BEFORE.value(policy="agents")
-    epochs = chat.EPOCHS.value(policy="agents")
+    before = service.TOKENS_BEFORE.value(policy="agents")
+    epochs = service.EPOCHS.value(policy="agents")
     history = agent_turns(16)
     for n in range(1, 17):
         await ask(rig, history[: 2 + 2 * n], extra_headers={"X-Session-Id": "agent-metrics"})
-    assert chat.TOKENS_BEFORE.value(policy="agents") > before
-    assert chat.EPOCHS.value(policy="agents") > epochs
+    assert service.TOKENS_BEFORE.value(policy="agents") > before
+    assert service.EPOCHS.value(policy="agents") > epochs
     assert 1.0 <= rig.context.ratios[MODEL] < 1.1  # learned from usage: the simulator counts a little more
     async with aiohttp.ClientSession() as http, http.get(rig.root + "/metrics") as response:
         text = await response.text()

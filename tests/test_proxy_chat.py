@@ -10,9 +10,9 @@ import time
 import openai
 import pytest
 
+from proxy.seam import Rejected
 from proxy.server import OFFLOAD_BYTES
 from proxy.simulator import SimulatorConfig
-from proxy.turns import Rejected
 from tests.conftest import RecordingService
 
 MODEL = "gpt-4o-mini"

@@ -7,7 +7,8 @@ import openai
 import orjson
 import pytest
 
-from proxy.relay import SseUsageFilter, overflow_tokens
+from proxy.dialects.chat import overflow_tokens
+from proxy.relay import SseUsageFilter
 from tests.conftest import RECORDED_STREAMS, SSE_DIR, RecordingService
 
 RECORDINGS = sorted(RECORDED_STREAMS)

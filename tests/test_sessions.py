@@ -8,14 +8,15 @@ from typing import Any
 import pytest
 
 from proxy.config import StateConfig
+from proxy.context.economics import input_cost_usd
 from proxy.context.journal import TurnReport
 from proxy.context.policy import ModelInfo
+from proxy.dialects import CHAT
 from proxy.sessions import (
     MAX_ID_LENGTH,
     MAX_TURNS_KEPT,
     Session,
     TurnStats,
-    cost_usd,
     sanitize_session_id,
     session_id_for,
 )
@@ -55,36 +56,41 @@ def body(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"model": "gpt-4o", "messages": list(messages), **extra}
 
 
+def sid(path: str | None, headers: dict[str, str], request: dict[str, Any], credential: str) -> str:
+    """The session id the chat route resolves for this request."""
+    return session_id_for(path, headers, CHAT.session_hints(headers, request), credential, CHAT.conversation(request))
+
+
 def test_path_session_comes_first() -> None:
-    got = session_id_for("from-path", {"X-Session-Id": "from-header"}, body(TASK, metadata={"session_id": "m"}), "k")
+    got = sid("from-path", {"X-Session-Id": "from-header"}, body(TASK, metadata={"session_id": "m"}), "k")
     assert got == "from-path"
 
 
 def test_header_then_metadata_then_fingerprint() -> None:
-    assert session_id_for(None, {"x-session-id": "h"}, body(TASK, metadata={"session_id": "m"}), "k") == "h"
-    assert session_id_for(None, {}, body(TASK, metadata={"session_id": "m"}), "k") == "m"
-    assert session_id_for(None, {}, body(SYSTEM, TASK), "k").startswith("fp-")
+    assert sid(None, {"x-session-id": "h"}, body(TASK, metadata={"session_id": "m"}), "k") == "h"
+    assert sid(None, {}, body(TASK, metadata={"session_id": "m"}), "k") == "m"
+    assert sid(None, {}, body(SYSTEM, TASK), "k").startswith("fp-")
 
 
 def test_fingerprint_is_stable_as_the_conversation_grows() -> None:
-    first = session_id_for(None, {}, body(SYSTEM, TASK), "key-a")
-    later = session_id_for(None, {}, body(SYSTEM, TASK, {"role": "assistant", "content": "ok"}, TASK), "key-a")
+    first = sid(None, {}, body(SYSTEM, TASK), "key-a")
+    later = sid(None, {}, body(SYSTEM, TASK, {"role": "assistant", "content": "ok"}, TASK), "key-a")
     assert first == later
 
 
 def test_two_users_with_the_same_prompts_get_different_sessions() -> None:
     same = body(SYSTEM, TASK)
-    assert session_id_for(None, {}, same, "key-a") != session_id_for(None, {}, same, "key-b")
+    assert sid(None, {}, same, "key-a") != sid(None, {}, same, "key-b")
 
 
 def test_a_different_task_is_a_different_session() -> None:
     other = {"role": "user", "content": "Write the docs."}
-    assert session_id_for(None, {}, body(SYSTEM, TASK), "k") != session_id_for(None, {}, body(SYSTEM, other), "k")
+    assert sid(None, {}, body(SYSTEM, TASK), "k") != sid(None, {}, body(SYSTEM, other), "k")
 
 
 def test_unusable_ids_fall_through_to_the_next_source() -> None:
-    assert session_id_for("", {"X-Session-Id": " \t"}, body(TASK, metadata={"session_id": 42}), "k").startswith("fp-")
-    assert session_id_for(None, {}, body(TASK, metadata="not a dict"), "k").startswith("fp-")
+    assert sid("", {"X-Session-Id": " \t"}, body(TASK, metadata={"session_id": 42}), "k").startswith("fp-")
+    assert sid(None, {}, body(TASK, metadata="not a dict"), "k").startswith("fp-")
 
 
 def test_ids_are_printable_and_capped_without_collisions() -> None:
@@ -99,8 +105,14 @@ def test_ids_are_printable_and_capped_without_collisions() -> None:
 
 def test_cost_counts_cached_tokens_at_the_cached_price() -> None:
     model = ModelInfo(input_per_mtok=2.0, cached_input_per_mtok=0.5)
-    assert cost_usd(model, 1_000_000, 0) == pytest.approx(2.0)
-    assert cost_usd(model, 1_000_000, 600_000) == pytest.approx(0.8 + 0.3)
+    assert input_cost_usd(model, 1_000_000, 0) == pytest.approx(2.0)
+    assert input_cost_usd(model, 1_000_000, 600_000) == pytest.approx(0.8 + 0.3)
+
+
+def test_cost_counts_cache_writes_at_the_write_price() -> None:
+    model = ModelInfo(input_per_mtok=2.0, cached_input_per_mtok=0.2, cache_write_per_mtok=2.5)
+    assert input_cost_usd(model, 1_000_000, 500_000, 300_000) == pytest.approx(0.4 + 0.1 + 0.75)
+    assert ModelInfo(input_per_mtok=2.0).write_price == 2.0
 
 
 def test_session_report_has_no_message_text() -> None:

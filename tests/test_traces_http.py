@@ -18,11 +18,11 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from proxy.chat import build_context_service
 from proxy.config import ConfigHolder, load_settings
 from proxy.context.clearing import PLACEHOLDER
 from proxy.context.messages import check_pairing, content_text
 from proxy.server import start
+from proxy.service import build_context_service
 from proxy.simulator import SIMULATOR, start_simulator
 from proxy.traces import Trace, list_traces, load_trace, requests
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import orjson
 
+from proxy.context.policy import ModelInfo
+
 # Turns still to come, as a share of the turns so far (a prototype measured 0.25/0.5/1: 0.5 was best).
 TURNS_TO_COME = 0.5
 
@@ -37,6 +39,14 @@ class Bill:
     @property
     def total(self) -> int:
         return self.uncached + self.cached
+
+
+def input_cost_usd(model: ModelInfo, prompt: int, cached: int = 0, written: int = 0) -> float:
+    """The input cost of one request: cache reads at the cached price, writes at the write price, the rest in full."""
+    cached = max(0, min(cached, prompt))
+    written = max(0, min(written, prompt - cached))
+    full = prompt - cached - written
+    return (full * model.input_per_mtok + cached * model.cached_input_per_mtok + written * model.write_price) / 1e6
 
 
 def expected_turns_to_come(turns_so_far: int) -> float:

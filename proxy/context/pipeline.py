@@ -41,12 +41,16 @@ REPLAN_GROWTH = 8
 
 @dataclass
 class Outcome:
-    """What to send upstream, the session's next journal, the report; `rejected` = a local 400's message."""
+    """What to send upstream, the session's next journal, the report; `rejected` = a local 400's message.
+
+    `sources[j]` is the index of the client message `messages[j]` renders, -1 for one the engine inserted.
+    """
 
     messages: list[dict]
     journal: Journal
     report: TurnReport
     rejected: str | None = None
+    sources: list[int] = field(default_factory=list)
 
 
 _cuts: OrderedDict[tuple[bytes, int], Any] = OrderedDict()  # (digest, max_tokens) -> cut content
@@ -191,10 +195,14 @@ def process(
         out, counts = turn.render()
     report.tokens_after = turn.total(counts)
     rejected = _check(turn, report.tokens_after, reserve)
+    sources = [-1] * len(out)
+    for i, j in enumerate(turn.where):
+        if j >= 0:
+            sources[j] = i
     if rejected is not None:
-        return Outcome(out, journal, report, rejected)
+        return Outcome(out, journal, report, rejected, sources)
     state.record(report)
-    return Outcome(out, state, report, None)
+    return Outcome(out, state, report, None, sources)
 
 
 def _tools_text(tools: Any) -> str:

@@ -65,6 +65,12 @@ class ModelInfo:
     input_per_mtok: float = 1.0
     cached_input_per_mtok: float = 0.5
     output_per_mtok: float = 4.0
+    # What writing a token to the prompt cache costs (Anthropic bills it; None = the input price).
+    cache_write_per_mtok: float | None = None
+
+    @property
+    def write_price(self) -> float:
+        return self.input_per_mtok if self.cache_write_per_mtok is None else self.cache_write_per_mtok
 
     @property
     def cache_discount(self) -> float:

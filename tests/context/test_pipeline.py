@@ -183,3 +183,19 @@ def test_the_proxy_never_bills_more_than_direct(discount, real_counter):
         trace = load(name)
         result = run(trace, policy_for(trace), model(128000, discount), real_counter)
         assert result.proxied.billed <= result.direct.billed, name
+
+
+def test_sources_name_the_client_message_each_output_renders_and_minus_one_for_inserted_ones():
+    """What a dialect adapter relies on to render the engine's decisions back into its own API."""
+    messages = agent(60)
+    small = ModelInfo(context_window=8000, input_per_mtok=1.0, cached_input_per_mtok=1.0)
+    outcome = replay(messages, info=small)[-1]
+    assert len(outcome.sources) == len(outcome.messages)
+    inserted = [out for out, i in zip(outcome.messages, outcome.sources, strict=True) if i < 0]
+    assert inserted and all(m["role"] == "system" for m in inserted)  # the omission note
+    kept = [i for i in outcome.sources if i >= 0]
+    assert kept == sorted(kept) and kept[-1] == len(messages) - 1 and len(kept) < len(messages)  # some dropped
+    for out, i in zip(outcome.messages, outcome.sources, strict=True):
+        if i >= 0:
+            edited = out["role"] == messages[i]["role"] and out["content"] != messages[i]["content"]
+            assert out is messages[i] or edited

@@ -1,48 +1,33 @@
-"""The context engine wired into `/v1/chat/completions`, per session (the real `ContextService`).
+"""The context engine wired into every API the proxy rewrites, per session (the real `ContextService`).
 
-`prepare()` resolves the session, runs the pure pipeline on its journal and hands the
-shell a `ChatTurn`: the body to forward and the X-Context-* headers. The turn learns
-from the upstream's `usage` (billed and cached tokens, our estimate's error per model)
-and re-fits once when the upstream still says the context is too long.
+`prepare()` takes a dialect and its validated body, resolves the session, runs the pure
+pipeline on the dialect's conversation and the session's journal, and hands the shell an
+`EngineTurn`: the body to forward and the X-Context-* headers. The turn learns from the
+upstream's usage (billed and cached tokens, our estimate's error per model) and re-fits
+once when the upstream still says the context is too long.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.bodies import BodyMemos, Parsed
 from proxy.config import CapsuleSpec, ConfigHolder
+from proxy.context.calibration import Calibration, refit_correction
 from proxy.context.capsules import Capsule
-from proxy.context.messages import message_digest
+from proxy.context.economics import input_cost_usd
+from proxy.context.journal import Journal
 from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ModelInfo, Policy
+from proxy.dialects import CHAT, Conversation, Dialect
 from proxy.metrics import METRICS
-from proxy.sessions import (
-    SESSION_HEADER,
-    Session,
-    TurnStats,
-    cost_usd,
-    header_value,
-    scoped_key,
-    session_id_for,
-    visible_id,
-)
+from proxy.seam import PassthroughTurn, Rejected
+from proxy.sessions import SESSION_HEADER, Session, TurnStats, header_value, scoped_key, session_id_for, visible_id
 from proxy.state import SessionStore
 from proxy.tokens import TokenCounter, counter_for
-from proxy.turns import Rejected
-
-# The learned ratio of upstream prompt tokens to our estimate: smoothed, bounded, per model name.
-RATIO_SMOOTHING = 0.3
-RATIO_BOUNDS = (0.8, 1.5)
-RATIO_MIN_ESTIMATE = 256  # below this, fixed overheads dominate and the ratio says little
-MAX_MODELS_LEARNED = 256
-# A refit aims this much under what the upstream reported, so the retry does not miss by a hair.
-REFIT_MARGIN = 1.02
-REFIT_MAX_CORRECTION = 2.0
 
 _POLICY = ("policy",)
 TOKENS_BEFORE = METRICS.counter("context_tokens_before_total", "Prompt tokens the clients sent (estimated)", _POLICY)
@@ -63,67 +48,42 @@ def _capsule(spec: CapsuleSpec) -> Capsule:
     return Capsule(id=spec.id, kind=spec.kind, text=spec.text, tags=list(spec.tags), confidence=spec.confidence)
 
 
-def _count(value: Any) -> int | None:
-    """A token count from a JSON body: a whole number >= 0 (JSON's true/false are not counts)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def _max_output_tokens(body: Mapping[str, Any]) -> int | None:
-    for key in ("max_completion_tokens", "max_tokens"):
-        if value := _count(body.get(key)):
-            return value
-    return None
-
-
-def _usage_numbers(usage: Mapping[str, Any]) -> tuple[int, int] | None:
-    prompt = _count(usage.get("prompt_tokens"))
-    if prompt is None:
-        return None
-    details = usage.get("prompt_tokens_details")
-    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
-    return prompt, cached or 0
-
-
 @dataclass(frozen=True)
 class _Inputs:
     """Everything `process()` takes besides the journal and the correction, fixed for the turn."""
 
-    messages: list[dict[str, Any]]
-    digests: list[bytes]  # each message's `message_digest`, computed once for the session id and the engine
-    tools: Any
+    dialect: Dialect
+    conversation: Conversation
     policy: Policy
-    model_name: str
     model: ModelInfo
     counter: TokenCounter
     capsules: tuple[Capsule, ...]
-    max_output_tokens: int | None
 
-    def run(self, journal: Any, correction: float) -> Outcome:
+    def run(self, journal: Journal, correction: float) -> Outcome:
+        conversation = self.conversation
         return process(
             journal,
-            self.messages,
-            tools=self.tools,
+            conversation.messages,
+            tools=conversation.tools,
             policy=self.policy,
             model=self.model,
             counter=self.counter,
             capsules=self.capsules,
-            max_output_tokens=self.max_output_tokens,
+            max_output_tokens=conversation.max_output_tokens,
             correction=correction,
-            digests=self.digests,
+            digests=conversation.digests,
         )
 
 
-class ChatTurn:
-    """One prepared request (`proxy.turns.PreparedTurn`): the body to send and what to learn from the answer."""
+class EngineTurn:
+    """One prepared request (`proxy.seam.PreparedTurn`): the body to send and what to learn from the answer."""
 
-    def __init__(
-        self, service: ContextService, session: Session, inputs: _Inputs, body: dict, journal_before: Any
-    ) -> None:
+    def __init__(self, service: EngineService, session: Session, inputs: _Inputs, body: dict, journal: Journal) -> None:
         self.service = service
         self.session = session
         self.inputs = inputs
         self.client_body = body
-        self.journal_before = journal_before
+        self.journal_before = journal
         self.body: dict = {}
         self.headers: dict[str, str] = {}
         self.strip_usage_chunk = False
@@ -131,6 +91,10 @@ class ChatTurn:
         self.stats = TurnStats()
         self.outcome: Outcome | None = None
         self.correction = 1.0
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.inputs.dialect
 
     @property
     def estimate(self) -> float:
@@ -141,47 +105,42 @@ class ChatTurn:
         """Adopt an outcome: the session's journal, the body, headers and this turn's report."""
         self.outcome, self.correction = outcome, correction
         self.session.journal = outcome.journal
-        self.body = {**self.client_body, "messages": outcome.messages}
-        sent = self.client_body["messages"]
-        self.unchanged = len(outcome.messages) == len(sent) and all(
-            a is b for a, b in zip(outcome.messages, sent, strict=True)
-        )
-        if self.client_body.get("stream") is True:
-            options = self.client_body.get("stream_options")
-            options = options if isinstance(options, dict) else {}
-            if options.get("include_usage") is not True:
-                self.body["stream_options"] = {**options, "include_usage": True}
-                self.strip_usage_chunk = True
-                self.unchanged = False
+        conversation = self.inputs.conversation
+        engine_in, out = conversation.messages, outcome.messages
+        self.unchanged = len(out) == len(engine_in) and all(a is b for a, b in zip(out, engine_in, strict=True))
+        body = self.client_body
+        if not self.unchanged:
+            body = self.dialect.render(body, conversation, out, outcome.sources)
+        self.body, self.strip_usage_chunk = self.dialect.with_usage_requested(body)
+        self.unchanged = self.unchanged and self.body is self.client_body
         self.headers = dict(outcome.report.headers())
         self.stats.report = outcome.report
-        self.stats.model = self.inputs.model_name
+        self.stats.model = self.inputs.conversation.model
         self.stats.retried = retried
         self.service.store.save(self.session)
 
-    def record_usage(self, usage: dict) -> None:
-        numbers = _usage_numbers(usage) if isinstance(usage, dict) else None
-        if numbers is None or self.outcome is None or self.stats.prompt_tokens is not None:
+    def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None:
+        usage = self.dialect.usage(payloads)
+        if usage is None or self.outcome is None or self.stats.prompt_tokens is not None:
             return
-        prompt, cached = numbers
-        report = self.outcome.report
-        self.service.learn_ratio(self.inputs.model_name, prompt, self.estimate)
+        report, model = self.outcome.report, self.inputs.model
+        self.service.calibration.learn(self.inputs.conversation.model, usage.prompt, self.estimate)
         # The unedited request, scaled by the same upstream/estimate ratio; its cache would have held
         # the previous turn's unedited prompt (a client that only appends never breaks its own prefix).
-        scale = prompt / report.tokens_after if report.tokens_after else 1.0
+        scale = usage.prompt / report.tokens_after if report.tokens_after else 1.0
         direct_prompt = round(report.tokens_before * scale)
-        caching = self.inputs.model.cache_discount < 1
+        caching = model.cache_discount < 1
         direct_cached = min(self.session.direct_prompt_tokens, direct_prompt) if caching else 0
         self.session.direct_prompt_tokens = direct_prompt
         stats = self.stats
-        stats.prompt_tokens, stats.cached_tokens = prompt, cached
-        stats.cost_usd = cost_usd(self.inputs.model, prompt, cached)
-        stats.direct_cost_usd = cost_usd(self.inputs.model, direct_prompt, direct_cached)
+        stats.prompt_tokens, stats.cached_tokens = usage.prompt, usage.cached
+        stats.cost_usd = input_cost_usd(model, usage.prompt, usage.cached, usage.written)
+        stats.direct_cost_usd = input_cost_usd(model, direct_prompt, direct_cached)
         self.session.cost_usd += stats.cost_usd
         self.session.direct_cost_usd += stats.direct_cost_usd
         policy = self.session.policy
-        PROMPT_TOKENS.inc(prompt, policy=policy)
-        CACHED_TOKENS.inc(cached, policy=policy)
+        PROMPT_TOKENS.inc(usage.prompt, policy=policy)
+        CACHED_TOKENS.inc(usage.cached, policy=policy)
         COST.inc(stats.cost_usd, policy=policy, route="proxied")
         COST.inc(stats.direct_cost_usd, policy=policy, route="direct")
         SAVED.inc(stats.direct_cost_usd - stats.cost_usd, policy=policy)
@@ -191,10 +150,10 @@ class ChatTurn:
         """Re-run the turn from the journal as it was before it, with our count scaled to the upstream's."""
         if self.outcome is None or self.stats.retried or reported_prompt_tokens <= 0 or self.estimate <= 0:
             return None
-        learned = min(REFIT_MAX_CORRECTION, reported_prompt_tokens / self.estimate * REFIT_MARGIN)
+        learned = refit_correction(reported_prompt_tokens, self.estimate)
         self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
-        correction = self.service.correction_for(self.session, self.inputs)
+        correction = self.service.correction_for(self.session, self.inputs.conversation.model)
         with self.session.lock:
             outcome = self.inputs.run(self.journal_before, correction)
             self.stats.retried = True
@@ -204,19 +163,23 @@ class ChatTurn:
         return self.body
 
 
-class ContextService:
-    """Per-session context management behind the shell's `ContextService` protocol."""
+class EngineService:
+    """Per-session context management behind the shell's `ContextService` protocol, for every dialect."""
 
     def __init__(self, holder: ConfigHolder, store: SessionStore) -> None:
         self.holder = holder
         self.store = store
-        self.ratios: OrderedDict[str, float] = OrderedDict()  # model name -> upstream/estimate
+        self.calibration = Calibration()
         self.bodies = BodyMemos(holder.settings.state.body_memo_bytes)
+
+    @property
+    def ratios(self) -> Mapping[str, float]:
+        return self.calibration.ratios
 
     def parse_body(
         self, raw: bytes, *, path_session: str | None, headers: Mapping[str, str], credential: str
     ) -> Parsed:
-        """The validated body, its repeated prefix taken from this conversation's last body (proxy.bodies)."""
+        """A chat body, its repeated prefix taken from this conversation's last body (proxy.bodies)."""
         self.bodies.budget = self.holder.settings.state.body_memo_bytes  # follows a config reload
         client = hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()[:32]  # no key kept in memory
         scope = f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
@@ -233,50 +196,40 @@ class ContextService:
         body: dict,
         credential: str,
         digests: list[bytes] | None = None,
-    ) -> ChatTurn:
+        dialect: Dialect = CHAT,
+    ) -> EngineTurn | PassthroughTurn:
+        if reason := dialect.unedited_reason(body):
+            return PassthroughTurn(body=body, headers={"X-Context-Unedited": reason})
         settings = self.holder.settings
-        if digests is None or len(digests) != len(body["messages"]):
-            digests = [message_digest(m) for m in body["messages"]]
-        session_id = session_id_for(path_session, headers, body, credential, digests)
+        conversation = dialect.conversation(body, digests)
+        hints = dialect.session_hints(headers, body)
+        session_id = session_id_for(path_session, headers, hints, credential, conversation)
         policy, specs = settings.policy_for(session_id)
-        model_name = str(body.get("model") or "")
-        model = settings.model(model_name)
+        model = settings.model(conversation.model)
         inputs = _Inputs(
-            messages=body["messages"],
-            digests=digests,
-            tools=body.get("tools"),
+            dialect=dialect,
+            conversation=conversation,
             policy=policy,
-            model_name=model_name,
             model=model,
             counter=counter_for(model.encoding),
             capsules=tuple(_capsule(s) for s in specs),
-            max_output_tokens=_max_output_tokens(body),
         )
         session = self.store.get(scoped_key(session_id, credential))
         with session.lock:
             session.policy = policy.name
-            correction = self.correction_for(session, inputs)
+            correction = self.correction_for(session, conversation.model)
             outcome = inputs.run(session.journal, correction)
             if outcome.rejected:
                 raise Rejected(400, outcome.rejected, "context_length_exceeded")
-            turn = ChatTurn(self, session, inputs, body, journal_before=session.journal)
+            turn = EngineTurn(self, session, inputs, body, journal=session.journal)
             session.add_turn(turn.stats)
             turn.apply(outcome, correction)
         self._count(policy.name, outcome)
         return turn
 
-    def correction_for(self, session: Session, inputs: _Inputs) -> float:
+    def correction_for(self, session: Session, model: str) -> float:
         """The model's learned ratio, never below what a retry taught this session."""
-        return max(self.ratios.get(inputs.model_name, 1.0), session.correction)
-
-    def learn_ratio(self, model_name: str, prompt_tokens: int, estimate: float) -> None:
-        if estimate < RATIO_MIN_ESTIMATE:
-            return
-        observed = min(RATIO_BOUNDS[1], max(RATIO_BOUNDS[0], prompt_tokens / estimate))
-        old = self.ratios.pop(model_name, observed)
-        self.ratios[model_name] = old + RATIO_SMOOTHING * (observed - old)
-        while len(self.ratios) > MAX_MODELS_LEARNED:
-            self.ratios.popitem(last=False)
+        return self.calibration.correction(model, session.correction)
 
     def sessions_json(self) -> list[dict[str, Any]]:
         """`GET /sessions`: one row per session in memory, most recent first; no message text."""
@@ -299,6 +252,6 @@ class ContextService:
             EPOCHS.inc(policy=policy)
 
 
-def build_context_service(holder: ConfigHolder) -> ContextService:
+def build_context_service(holder: ConfigHolder) -> EngineService:
     """The service a server runs by default: sessions bounded and stored as `[state]` says."""
-    return ContextService(holder, SessionStore.from_config(holder.settings.state))
+    return EngineService(holder, SessionStore.from_config(holder.settings.state))

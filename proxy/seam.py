@@ -1,12 +1,12 @@
 """The seam between the HTTP shell and the context engine (docs/architecture.md).
 
-The shell only knows these Protocols; `proxy.chat` implements them for real and
+The shell only knows these Protocols; `proxy.service` implements them for real and
 `PassthroughService` forwards every body unchanged, so the shell runs and is tested alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -17,7 +17,8 @@ class PreparedTurn(Protocol):
     strip_usage_chunk: bool  # we asked upstream for include_usage; drop that chunk before the client
     unchanged: bool  # `body` is exactly the client's body: its own bytes are forwarded, not re-serialised
 
-    def record_usage(self, usage: dict) -> None: ...  # from the JSON body or the last SSE chunk
+    # The JSON response body, or every SSE event payload that held a usage object (the dialect reads them).
+    def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None: ...
 
     def refit(self, reported_prompt_tokens: int) -> dict | None: ...  # upstream said context_length_exceeded
 
@@ -70,11 +71,11 @@ class PassthroughTurn:
     body: dict
     headers: dict[str, str] = field(default_factory=dict)
     strip_usage_chunk: bool = False
-    usage: dict[str, Any] | None = None
+    payloads: Sequence[Mapping[str, Any]] = ()
     unchanged: bool = True
 
-    def record_usage(self, usage: dict) -> None:
-        self.usage = usage
+    def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None:
+        self.payloads = payloads
 
     def refit(self, reported_prompt_tokens: int) -> dict | None:
         return None

@@ -1,0 +1,46 @@
+"""How far our token estimate is from the upstream's count, learned from what it reports.
+
+Pure arithmetic: the shell feeds it the upstream's prompt tokens and our estimate per turn.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+# The learned ratio of upstream prompt tokens to our estimate: smoothed, bounded, per model name.
+RATIO_SMOOTHING = 0.3
+RATIO_BOUNDS = (0.8, 1.5)
+RATIO_MIN_ESTIMATE = 256  # below this, fixed overheads dominate and the ratio says little
+MAX_MODELS_LEARNED = 256
+# A refit aims this much under what the upstream reported, so the retry does not miss by a hair.
+REFIT_MARGIN = 1.02
+REFIT_MAX_CORRECTION = 2.0
+
+
+class Calibration:
+    """Per model name, upstream prompt tokens per token we estimated (1.0 until learned)."""
+
+    def __init__(self, start: float = 1.0) -> None:
+        self.start = start  # the ratio assumed before anything is learned (> 1: a margin for a foreign tokenizer)
+        self.ratios: OrderedDict[str, float] = OrderedDict()
+
+    def ratio(self, model: str) -> float:
+        return self.ratios.get(model, self.start)
+
+    def correction(self, model: str, floor: float = 0.0) -> float:
+        """The model's learned ratio, never below what a retry taught the session (`floor`)."""
+        return max(self.ratio(model), floor)
+
+    def learn(self, model: str, prompt_tokens: int, estimate: float) -> None:
+        if estimate < RATIO_MIN_ESTIMATE:
+            return
+        observed = min(RATIO_BOUNDS[1], max(RATIO_BOUNDS[0], prompt_tokens / estimate))
+        old = self.ratios.pop(model, observed)
+        self.ratios[model] = old + RATIO_SMOOTHING * (observed - old)
+        while len(self.ratios) > MAX_MODELS_LEARNED:
+            self.ratios.popitem(last=False)
+
+
+def refit_correction(reported_prompt_tokens: int, estimate: float) -> float:
+    """The correction a context-overflow refusal teaches: aim just under what the upstream counted."""
+    return min(REFIT_MAX_CORRECTION, reported_prompt_tokens / estimate * REFIT_MARGIN)

@@ -1,0 +1,104 @@
+"""The seam between an API dialect and the one context engine (SPEC §7).
+
+The engine works on one conversation model: chat-completions-shaped "engine messages"
+(`role`, `content`, `tool_calls`, `tool_call_id`). Each API is an adapter that maps its
+request to that model and renders the engine's decisions back into its own bytes, so a
+new API is a new adapter and nothing else. Adapters are pure: data in, data out.
+
+What the engine may do to an engine message: keep it, replace its `content` (clear,
+dedup, cut), drop it (a call goes with its results), or insert new messages (capsules,
+omission notes). A message whose `content` is a list with no part of type `text` is never
+cut, cleared or deduplicated: adapters encode what must stay byte-identical that way
+(`opaque`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from proxy.context.tokens import canonical_bytes
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What the upstream billed for one request's input, in one form for every API."""
+
+    prompt: int  # every input token billed (Anthropic: input + cache writes + cache reads)
+    cached: int = 0  # read from the prompt cache, at the cached price
+    written: int = 0  # written to the prompt cache (Anthropic), at the write price
+
+
+@dataclass
+class Conversation:
+    """A request as the engine sees it, with what each engine message was made from."""
+
+    messages: list[Message]
+    digests: list[bytes]  # one per engine message, over the client's own bytes of its group
+    tools: Any = None  # counted toward the window, whatever its shape
+    max_output_tokens: int | None = None
+    model: str = ""
+    groups: list[Any] = field(default_factory=list)  # adapter-private, one per engine message
+
+
+def group_digest(value: Any) -> bytes:
+    """16 bytes that change whenever anything the client sent in `value` changes (the journal's key)."""
+    return hashlib.sha256(canonical_bytes(value)).digest()[:16]
+
+
+def opaque(text: str) -> list[dict[str, str]]:
+    """Content the engine counts by `text` but never edits (reasoning, thinking, a cached system prompt)."""
+    return [{"type": "opaque", "text": text}]
+
+
+def whole_count(value: Any) -> int | None:
+    """A token count from a JSON body: a whole number >= 0 (JSON's true/false are not counts)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+class Dialect(Protocol):
+    """One API the proxy rewrites: how its requests map to the engine and back, and how it bills."""
+
+    name: str  # "chat", "responses", "messages": the metrics label and what /sessions shows
+    upstream_path: str  # after the upstream's base URL: "chat/completions", "responses", "messages"
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        """The validated body; raises `proxy.errors.InvalidRequest` for a malformed one."""
+        ...
+
+    def unedited_reason(self, body: Mapping[str, Any]) -> str | None:
+        """Why this request must go upstream as sent (its history lives on the server); None when it need not."""
+        ...
+
+    def conversation(self, body: Mapping[str, Any], digests: list[bytes] | None = None) -> Conversation:
+        """The engine's view of the request; `digests`, when the shell has them, are its messages' digests."""
+        ...
+
+    def render(
+        self, body: Mapping[str, Any], conversation: Conversation, out: Sequence[Message], sources: Sequence[int]
+    ) -> dict[str, Any]:
+        """The body to send: `out[j]` renders engine message `sources[j]` (-1: one the engine inserted).
+
+        `out[j] is conversation.messages[i]`: group i goes as the client sent it; otherwise its content was edited.
+        """
+        ...
+
+    def session_hints(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> Sequence[Any]:
+        """Session ids this API carries, in order of precedence after the path and `X-Session-Id`."""
+        ...
+
+    def with_usage_requested(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The body asking the upstream to report usage, and whether the client must not see that report."""
+        ...
+
+    def usage(self, payloads: Sequence[Mapping[str, Any]]) -> Usage | None:
+        """The input usage from a JSON response body, or from every SSE event payload that held usage."""
+        ...
+
+    def overflow_tokens(self, status: int, body: bytes) -> int | None:
+        """The prompt size an upstream "context too long" refusal reports; None when it is not one."""
+        ...
