@@ -22,6 +22,7 @@ from proxy.context.economics import input_cost_usd
 from proxy.context.journal import Journal
 from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ModelInfo, Policy
+from proxy.context.steps import CutCache
 from proxy.dialects import CHAT, Conversation, Dialect
 from proxy.metrics import METRICS
 from proxy.seam import PassthroughTurn, Rejected
@@ -58,6 +59,7 @@ class _Inputs:
     model: ModelInfo
     counter: TokenCounter
     capsules: tuple[Capsule, ...]
+    cuts: CutCache
 
     def run(self, journal: Journal, correction: float) -> Outcome:
         conversation = self.conversation
@@ -72,6 +74,7 @@ class _Inputs:
             max_output_tokens=conversation.max_output_tokens,
             correction=correction,
             digests=conversation.digests,
+            cuts=self.cuts,
         )
 
 
@@ -157,7 +160,7 @@ class EngineTurn:
         with self.session.lock:
             outcome = self.inputs.run(self.journal_before, correction)
             self.stats.retried = True
-            if outcome.rejected or outcome.messages == self.outcome.messages:
+            if outcome.overflow or outcome.messages == self.outcome.messages:
                 return None
             self.apply(outcome, correction, retried=True)
         return self.body
@@ -170,6 +173,7 @@ class EngineService:
         self.holder = holder
         self.store = store
         self.calibration = Calibration()
+        self.cuts = CutCache()
         self.bodies = BodyMemos(holder.settings.state.body_memo_bytes)
 
     @property
@@ -213,14 +217,15 @@ class EngineService:
             model=model,
             counter=counter_for(model.encoding),
             capsules=tuple(_capsule(s) for s in specs),
+            cuts=self.cuts,
         )
         session = self.store.get(scoped_key(session_id, credential))
         with session.lock:
             session.policy = policy.name
             correction = self.correction_for(session, conversation.model)
             outcome = inputs.run(session.journal, correction)
-            if outcome.rejected:
-                raise Rejected(400, outcome.rejected, "context_length_exceeded")
+            if outcome.overflow:
+                raise Rejected(400, outcome.overflow.message(), "context_length_exceeded")
             turn = EngineTurn(self, session, inputs, body, journal=session.journal)
             session.add_turn(turn.stats)
             turn.apply(outcome, correction)

@@ -41,8 +41,8 @@ class Decision:
         return cls(str(kind), int(max_tokens), str(reference), int(target))
 
 
-KEPT = Decision()
-_SIMPLE = {KEEP: KEPT, CLEARED: Decision(CLEARED), DROPPED: Decision(DROPPED)}
+AS_SENT = Decision()  # the decision of a message sent exactly as the client wrote it
+_SIMPLE = {KEEP: AS_SENT, CLEARED: Decision(CLEARED), DROPPED: Decision(DROPPED)}
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class Journal:
         self.snapshot = [b for b in self.snapshot if b.anchor in present]
         self.unpaid_bound = 0
 
-    def append(self, digest: bytes, tokens: int, sent: int, output: bool, decision: Decision = KEPT) -> None:
+    def append(self, digest: bytes, tokens: int, sent: int, output: bool, decision: Decision = AS_SENT) -> None:
         self.digests.append(digest)
         self.tokens.append(tokens)
         self.sent.append(sent)

@@ -93,8 +93,8 @@ def problems(run_: Run) -> list[str]:
     """Pairing errors, rejections and altered last messages over a run."""
     found = []
     for k, (outcome, sent) in enumerate(zip(run_.outcomes, run_.requests, strict=True)):
-        if outcome.rejected:
-            found.append(f"turn {k}: rejected: {outcome.rejected}")
+        if outcome.overflow:
+            found.append(f"turn {k}: rejected: {outcome.overflow.message()}")
         found += [f"turn {k}: {p}" for p in check_pairing(sent)]
     return found
 

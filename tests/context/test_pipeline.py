@@ -131,14 +131,15 @@ def test_a_request_that_cannot_fit_is_rejected_like_openai():
     tiny = ModelInfo(context_window=600, input_per_mtok=1.0, cached_input_per_mtok=1.0)
     policy = Policy(reserve_output_tokens=100)
     outcome = process(Journal(), agent(1, output_tokens=2000), tools=None, policy=policy, model=tiny, counter=COUNTER)
-    assert outcome.rejected and outcome.rejected.startswith("This model's maximum context length is 600 tokens")
+    assert outcome.overflow is not None
+    assert outcome.overflow.message().startswith("This model's maximum context length is 600 tokens")
 
 
 def test_truncation_error_rejects_instead_of_truncating():
     small = ModelInfo(context_window=4000, input_per_mtok=1.0, cached_input_per_mtok=1.0)
     policy = Policy(truncation="error", reserve_output_tokens=500, clear_tool_outputs=ClearPolicy(enabled=False))
     outcome = process(Journal(), agent(20), tools=None, policy=policy, model=small, counter=COUNTER)
-    assert outcome.rejected is not None
+    assert outcome.overflow is not None
     assert outcome.report.removed == 0
 
 
@@ -165,7 +166,7 @@ def test_every_turn_of_every_trace_fits_a_32k_window_with_valid_pairing(name, re
     task = next(m for m in trace["messages"] if m["role"] == "user")
     unchanged = total = 0
     for request, outcome in zip(turns(trace), result.outcomes, strict=True):
-        assert outcome.rejected is None
+        assert outcome.overflow is None
         assert outcome.report.tokens_after <= usable
         assert check_pairing(outcome.messages) == []
         assert outcome.messages[-1] == request[-1]

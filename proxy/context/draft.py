@@ -1,0 +1,121 @@
+"""One request being drafted: the client's messages, the journal being edited, and what they render to.
+
+Each edit kind (`proxy.context.steps`) owns what it emits for a message it decided; the
+draft replays every decision in order, places injections and omission notes, and keeps
+which output message renders which client message.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from proxy.context.fitting import omission_note
+from proxy.context.journal import AS_SENT, KEEP, Decision, Injection, Journal
+from proxy.context.messages import Message, message_digest
+from proxy.context.policy import ModelInfo, Policy
+from proxy.context.tokens import Counter
+
+# What an edit kind sends for client message `i` under its decision (None: nothing, the message is dropped).
+Emitter = Callable[["Draft", int, Decision], "Message | None"]
+
+
+@dataclass
+class Draft:
+    """One request's inputs and the journal being edited."""
+
+    messages: list[Message]
+    journal: Journal
+    policy: Policy
+    model: ModelInfo
+    counter: Counter
+    usable: int  # the window less the completion's reserve
+    fixed: int  # the tools schema and the reply priming
+    correction: float
+    emitters: dict[str, Emitter]  # decision kind -> what it sends
+    observations: tuple[re.Pattern[str], ...] = ()
+    first_new: int = 0  # messages before this index were in last turn's request
+    where: list[int] = field(default_factory=list)  # output index per client message, -1 when dropped
+
+    def total(self, counts: Sequence[int]) -> int:
+        """The request's tokens as the upstream will count them: messages, the fixed part, our correction."""
+        return math.ceil((sum(counts) + self.fixed) * self.correction)
+
+    def emitted(self, i: int) -> Message | None:
+        """What the journal's decision sends for client message `i` (None when dropped)."""
+        decision = self.journal.decisions[i]
+        if decision.kind == KEEP:
+            return self.messages[i]
+        return self.emitters[decision.kind](self, i, decision)
+
+    def render(self) -> tuple[list[Message], list[int]]:
+        """The output messages and their counts: decisions replayed, injections and omission notes in place."""
+        out: list[Message] = []
+        counts: list[int] = []
+        where: list[int] = []
+        anchored: dict[int, list[Injection]] = {}
+        for injection in self.journal.injections:
+            anchored.setdefault(injection.anchor, []).append(injection)
+        decisions, sent = self.journal.decisions, self.journal.sent
+        note_at, run = -1, 0
+        # Runs every turn over the whole conversation: a message kept as sent takes the short path.
+        for i, message in enumerate(self.messages):
+            if anchored and i in anchored:
+                for injection in anchored[i]:
+                    out.append(injection.message())
+                    counts.append(self.counter.count_message(out[-1]))
+            emitted = message if decisions[i] is AS_SENT else self.emitted(i)
+            if emitted is None:
+                if run == 0:
+                    note_at = len(out)
+                    out.append({})
+                    counts.append(0)
+                run += 1
+                where.append(-1)
+                continue
+            if run:
+                out[note_at] = omission_note(run)
+                counts[note_at] = self.counter.count_message(out[note_at])
+                run = 0
+            where.append(len(out))
+            out.append(emitted)
+            counts.append(sent[i])
+        self.where = where
+        return out, counts
+
+    def sources(self, length: int) -> list[int]:
+        """For each of the last render's `length` outputs, the client message it renders (-1: inserted)."""
+        sources = [-1] * length
+        for i, j in enumerate(self.where):
+            if j >= 0:
+                sources[j] = i
+        return sources
+
+    def decide(self, i: int, decision: Decision) -> None:
+        """Record a new decision for message `i`, with the tokens it now sends."""
+        self.journal.decisions[i] = decision
+        emitted = self.emitted(i)
+        self.journal.sent[i] = 0 if emitted is None else self.counter.count_message(emitted)
+
+    def visible(self) -> list[int]:
+        """The client messages the last render still sends (in some form)."""
+        return [i for i, j in enumerate(self.where) if j >= 0]
+
+    def visible_output(self, out: list[Message]) -> tuple[list[Message], list[bytes]]:
+        """What is sent for the client's messages still present, and its digests.
+
+        A message sent as the client wrote it has the digest the journal already holds: only edited ones are hashed.
+        """
+        visible, digests = [], []
+        for i, j in enumerate(self.where):
+            if j >= 0:
+                sent = out[j]
+                visible.append(sent)
+                digests.append(self.journal.digests[i] if sent is self.messages[i] else message_digest(sent))
+        return visible, digests
+
+    def output_index(self, visible_index: int) -> int:
+        """The output position of the `visible_index`-th message still present."""
+        return [j for j in self.where if j >= 0][visible_index]

@@ -1,0 +1,113 @@
+"""Clearing: older tool outputs become the placeholder (seed `ClearToolOutputs`), planned only when it pays."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from proxy.context.clearing import PLACEHOLDER, ClearPlan, ClearToolOutputs
+from proxy.context.draft import Draft
+from proxy.context.economics import epoch_pays
+from proxy.context.journal import AS_SENT, CLEARED, DROPPED, Decision, TurnReport
+from proxy.context.messages import Message
+from proxy.context.steps.base import Epoch
+from proxy.context.tokens import REPLY_PRIMING
+
+# Tool outputs among the last this many messages are never cleared, whatever `keep_tokens` says.
+RECENT_MESSAGES = 6
+# A clearing plan that did not pay is made again only once its bound has grown by `clear_at_least`
+# and by 1/REPLAN_GROWTH of itself: a plan walks the whole conversation, so on a long one this
+# keeps planning to one turn in many instead of every turn that adds a tool output.
+REPLAN_GROWTH = 8
+_CLEARED = Decision(CLEARED)
+
+
+class Clearing:
+    kind = CLEARED
+
+    def emit(self, draft: Draft, i: int, decision: Decision) -> Message:
+        return {**draft.messages[i], "content": PLACEHOLDER}
+
+    def edit(self, draft: Draft, epoch: Epoch, report: TurnReport) -> None:
+        if epoch.plan is None:
+            return
+        out, _ = draft.render()
+        visible = draft.visible()
+        planned = epoch.plan.indices(*draft.visible_output(out))
+        for v in planned:
+            draft.decide(visible[v], _CLEARED)
+        report.cleared = len(planned)
+
+    def plan(self, draft: Draft, out: list[Message], counts: list[int], *, forced: bool) -> ClearPlan | None:
+        """The clearing plan when it frees `clear_at_least` and pays (or the window forces it); else None.
+
+        A bound from the journal alone rules most turns out before any plan is made.
+        """
+        rules = draft.policy.clear_tool_outputs
+        keep_tokens = max(rules.keep_tokens, _recent_output_tokens(draft))
+        bound = _clearing_bound(draft, keep_tokens)
+        if bound is None or bound[0] < max(1, rules.clear_at_least):
+            return None
+        freed, newest = bound
+        unpaid = draft.journal.unpaid_bound
+        if not forced and unpaid and freed < unpaid + max(rules.clear_at_least, unpaid // REPLAN_GROWTH):
+            return None
+        total = draft.total(counts)
+        turns = sum(1 for m in draft.messages if m.get("role") == "assistant")
+        d = draft.model.cache_discount
+
+        def pays(freed: int, first: int) -> bool:
+            after = total - freed
+            return epoch_pays(discount=d, tokens_after=after, first_changed=first, freed=freed, turns_so_far=turns)
+
+        def position(j: int) -> int:
+            """The token position where output message `j` starts (the tools schema comes first)."""
+            return draft.fixed - REPLY_PRIMING + sum(counts[:j])
+
+        if not forced and not pays(freed, position(draft.where[newest])):
+            return None
+        clear = replace(ClearToolOutputs.from_policy(rules), keep_tokens=keep_tokens)
+        visible, digests = draft.visible_output(out)
+        plan = clear.plan(visible, draft.counter, digests)
+        paid = bool(plan.ids) and (
+            forced or pays(plan.tokens, position(draft.output_index(min(plan.indices(visible, digests)))))
+        )
+        if not paid:
+            if not forced:
+                draft.journal.unpaid_bound = freed
+            return None
+        return plan
+
+
+def _recent_output_tokens(draft: Draft) -> int:
+    """Tokens of the tool outputs among the last `RECENT_MESSAGES` sent: the agent is working with them."""
+    journal, seen, tokens = draft.journal, 0, 0
+    for i in range(len(journal) - 1, -1, -1):
+        if journal.decisions[i].kind == DROPPED:
+            continue
+        if journal.outputs[i] and journal.decisions[i].kind != CLEARED:
+            tokens += journal.sent[i]
+        seen += 1
+        if seen == RECENT_MESSAGES:
+            break
+    return tokens
+
+
+def _clearing_bound(draft: Draft, keep_tokens: int) -> tuple[int, int] | None:
+    """An upper bound on what clearing frees, and the newest output it could clear, from the journal's counts."""
+    journal = draft.journal
+    kept, boundary = 0, -1
+    for i in range(len(journal) - 1, -1, -1):
+        if journal.outputs[i] and journal.decisions[i].kind not in (CLEARED, DROPPED):
+            kept += journal.sent[i]
+            if kept > keep_tokens:
+                boundary = i
+                break
+    if boundary < 0:
+        return None
+    last = len(journal) - 1
+    freed = sum(
+        journal.sent[i]
+        for i in range(boundary + 1)
+        if journal.outputs[i] and journal.decisions[i] is AS_SENT and i != last
+    )
+    return freed, boundary

@@ -1,0 +1,66 @@
+"""Cuts: a message (not the last) that alone exceeds `max_message_share` of the window keeps its head and tail."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from proxy.context.draft import Draft
+from proxy.context.fitting import cut_oversized, oversized_limit
+from proxy.context.journal import AS_SENT, CUT, Decision, TurnReport
+from proxy.context.messages import Message
+from proxy.context.steps.base import Epoch
+from proxy.context.tokens import Counter
+
+_MISSING = object()
+
+
+class CutCache:
+    """Cut contents by (message digest, allowance): re-cutting would re-tokenize a huge text every turn.
+
+    The caller owns it (one per engine service) and may share it between threads.
+    """
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._cuts: OrderedDict[tuple[bytes, int], Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def cut(self, message: Message, digest: bytes, max_tokens: int, counter: Counter) -> Message:
+        """The head+tail cut of `message` within `max_tokens` (the message itself when it already fits)."""
+        key = (digest, max_tokens)
+        content = self._cuts.get(key, _MISSING)
+        if content is _MISSING:
+            cut = cut_oversized(message, counter, max_tokens)
+            content = message.get("content") if cut is None else cut["content"]
+            with self._lock:
+                self._cuts[key] = content
+                if len(self._cuts) > self.size:
+                    self._cuts.popitem(last=False)
+        return {**message, "content": content}
+
+
+class Cutting:
+    kind = CUT
+
+    def __init__(self, cache: CutCache) -> None:
+        self.cache = cache
+
+    def emit(self, draft: Draft, i: int, decision: Decision) -> Message:
+        return self.cache.cut(draft.messages[i], draft.journal.digests[i], decision.max_tokens, draft.counter)
+
+    def edit(self, draft: Draft, epoch: Epoch, report: TurnReport) -> None:
+        """Cut every kept message but the last that alone exceeds `max_message_share` of the window."""
+        if not epoch.over_budget:
+            return
+        limit = oversized_limit(draft.usable, draft.policy.max_message_share)
+        journal = draft.journal
+        for i in draft.visible()[:-1]:
+            message = draft.messages[i]
+            if journal.decisions[i] is not AS_SENT or journal.sent[i] <= limit:
+                continue
+            # The cache keeps the cut made here, so recording the decision below does not cut the message again.
+            if self.cache.cut(message, journal.digests[i], limit, draft.counter)["content"] != message.get("content"):
+                draft.decide(i, Decision(CUT, max_tokens=limit))
+                report.cut += 1
