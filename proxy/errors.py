@@ -1,9 +1,18 @@
-"""The one way the proxy answers with an error of its own: OpenAI's error shape."""
+"""The proxy's own errors: one base that knows its status and body, answered in one place (server.observe).
+
+Every error the proxy returns itself has OpenAI's shape unless the route's API has its own
+(a dialect's `error_body`); upstream errors are relayed as the upstream sent them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import orjson
 from aiohttp import web
+
+# An API's error body: (message, status, code, param) -> bytes.
+ErrorShape = Callable[[str, int, "str | None", "str | None"], bytes]
 
 _TYPES = {
     400: "invalid_request_error",
@@ -19,6 +28,65 @@ _TYPES = {
 }
 
 
+class ProxyError(Exception):
+    """An answer the proxy gives itself instead of forwarding: raise it anywhere on a request's path."""
+
+    status = 500
+    default_code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status if status is not None else type(self).status
+        self.code = code if code is not None else self.default_code
+        self.param = param
+        self.headers = dict(headers or {})
+
+    def response(self, shape: ErrorShape | None = None) -> web.Response:
+        """The answer, in OpenAI's shape or the route's API's own (`shape`, a dialect's `error_body`)."""
+        body = (shape or error_body)(self.message, self.status, self.code, self.param)
+        return web.Response(
+            status=self.status, body=body, content_type="application/json", headers=self.headers or None
+        )
+
+
+class InvalidRequest(ProxyError):
+    """A body the proxy refuses, with the OpenAI-style `param` and `code` it names."""
+
+    status = 400
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request") -> None:
+        super().__init__(message, code=code, param=param)
+
+
+class BodyTooLarge(ProxyError):
+    """The request body passed `server.max_body_mb`."""
+
+    status = 413
+    default_code = "request_too_large"
+
+
+class UpstreamError(ProxyError):
+    """The upstream could not give us response headers: 502, or 504 on a time-out."""
+
+    status = 502
+
+
+class ContextOverflow(ProxyError):
+    """The engine knows the upstream would refuse this request as too long (policy `error`, or nothing fits)."""
+
+    status = 400
+    default_code = "context_length_exceeded"
+
+
 def error_body(
     message: str, status: int = 400, code: str | None = None, param: str | None = None, type_: str | None = None
 ) -> bytes:
@@ -31,7 +99,7 @@ def error_response(
     message: str,
     code: str | None = None,
     param: str | None = None,
-    headers: dict | None = None,
+    headers: Mapping[str, str] | None = None,
     type_: str | None = None,
 ) -> web.Response:
     """A JSON error response shaped like OpenAI's, so SDKs raise their usual exceptions.

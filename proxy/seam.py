@@ -27,7 +27,11 @@ class PreparedTurn(Protocol):
 class ContextService(Protocol):
     def prepare(
         self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str
-    ) -> PreparedTurn: ...
+    ) -> PreparedTurn: ...  # raises proxy.errors.ProxyError to answer locally (e.g. ContextOverflow)
+
+    def sessions_json(self) -> list[dict[str, Any]] | None: ...  # GET /sessions; None: this service keeps none
+
+    def session_json(self, session_id: str) -> dict[str, Any] | None: ...  # GET /sessions/{id}; None: not found
 
 
 class ParsedBody(Protocol):
@@ -41,7 +45,7 @@ class BodyParser(Protocol):
 
     def parse_body(
         self, raw: bytes, *, path_session: str | None, headers: Mapping[str, str], credential: str
-    ) -> ParsedBody: ...  # raises proxy.validate.InvalidRequest like parse_chat_body
+    ) -> ParsedBody: ...  # raises proxy.errors.InvalidRequest like parse_chat_body
 
     def prepare(
         self,
@@ -52,16 +56,6 @@ class BodyParser(Protocol):
         credential: str,
         digests: list[bytes] | None = None,
     ) -> PreparedTurn: ...
-
-
-class Rejected(Exception):
-    """Raised by `ContextService.prepare` to answer locally (e.g. policy `error`) instead of forwarding."""
-
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
 
 
 @dataclass
@@ -88,3 +82,9 @@ class PassthroughService:
         self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str
     ) -> PassthroughTurn:
         return PassthroughTurn(body=body)
+
+    def sessions_json(self) -> None:
+        return None
+
+    def session_json(self, session_id: str) -> None:
+        return None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,17 +24,16 @@ from multidict import CIMultiDict
 from proxy.access import CLIENT_CREDENTIAL, access_middleware, admin_denied, authorization_token, exposure_problem
 from proxy.config import ConfigHolder, Settings
 from proxy.dialects import CHAT, DIALECTS, Dialect
-from proxy.errors import error_response
+from proxy.errors import BodyTooLarge, InvalidRequest, ProxyError, UpstreamError, error_response
 from proxy.metrics import METRICS
 from proxy.relay import read_head, relay
-from proxy.seam import BodyParser, ContextService, PassthroughService, PassthroughTurn, PreparedTurn, Rejected
-from proxy.upstream import Upstream, UpstreamError
-from proxy.validate import InvalidRequest
+from proxy.seam import BodyParser, ContextService, PassthroughService, PassthroughTurn, PreparedTurn
+from proxy.upstream import Upstream
 
 log = logging.getLogger("proxy.server")
 
 HOLDER = web.AppKey("holder", ConfigHolder)
-CONTEXT = web.AppKey("context", object)
+CONTEXT = web.AppKey("context", ContextService)
 UPSTREAM = web.AppKey("upstream", Upstream)
 ENGINE_THREAD = web.AppKey("engine_thread", ThreadPoolExecutor)
 PARSES_BODIES = web.AppKey("parses_bodies", bool)
@@ -54,45 +52,41 @@ ENGINE_ERRORS = METRICS.counter(
 )
 
 
-class BodyTooLarge(Exception):
-    """The request body passed `server.max_body_mb`."""
-
-
 def _max_body(settings: Settings) -> int:
     return int(settings.server.max_body_mb * 1024 * 1024)
 
 
-def _too_large(settings: Settings) -> web.Response:
-    return error_response(
-        413, f"Request body too large: the limit is {settings.server.max_body_mb:g} MB.", "request_too_large"
-    )
+def _too_large(settings: Settings) -> BodyTooLarge:
+    return BodyTooLarge(f"Request body too large: the limit is {settings.server.max_body_mb:g} MB.")
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, refused as soon as it passes `limit` (declared or counted), never read beyond it."""
+async def read_body(request: web.Request, settings: Settings) -> bytes:
+    """The whole body, refused as soon as it passes the limit (declared or counted), never read beyond it."""
+    limit = _max_body(settings)
     if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge
+        raise _too_large(settings)
     body = bytearray()
     async for chunk in request.content.iter_any():
         body += chunk
         if len(body) > limit:
-            raise BodyTooLarge
+            raise _too_large(settings)
     return bytes(body)
 
 
 class _StreamedBody:
     """The client's body as it arrives, for the upstream to read; counts it against the limit."""
 
-    def __init__(self, request: web.Request, limit: int) -> None:
-        self.request, self.limit, self.too_large = request, limit, False
+    def __init__(self, request: web.Request, settings: Settings) -> None:
+        self.request, self.settings = request, settings
+        self.too_large: BodyTooLarge | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        total = 0
+        total, limit = 0, _max_body(self.settings)
         async for chunk in self.request.content.iter_any():
             total += len(chunk)
-            if total > self.limit:
-                self.too_large = True
-                raise BodyTooLarge
+            if total > limit:
+                self.too_large = _too_large(self.settings)
+                raise self.too_large
             yield chunk
 
 
@@ -124,7 +118,8 @@ def _parse_and_prepare(context: Any, parses: bool, dialect: Dialect, raw: bytes,
     return context.prepare(**request, body=body, dialect=dialect)
 
 
-async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> PreparedTurn | web.Response:
+async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> PreparedTurn:
+    """The engine's turn; a `ProxyError` (a malformed body, a request that cannot fit) goes to the client."""
     work = functools.partial(
         _parse_and_prepare,
         request.app[CONTEXT],
@@ -140,20 +135,13 @@ async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> Prepar
             turn = await asyncio.get_running_loop().run_in_executor(request.app[ENGINE_THREAD], work)
         else:
             turn = work()
-        if inspect.isawaitable(turn):
-            turn = await turn
-    except InvalidRequest as exc:
-        return error_response(400, exc.message, exc.code, exc.param)
-    except Rejected as exc:
-        return error_response(exc.status, exc.message, exc.code)
+    except ProxyError:
+        raise
     except Exception as exc:  # an engine bug must not cost the user the answer: forward as sent
         ENGINE_ERRORS.inc()
         log.error("context engine failed (%s); forwarding the request unchanged", type(exc).__name__)
         log.debug("context engine failure", exc_info=True)
-        try:
-            return PassthroughTurn(body=dialect.parse(raw))
-        except InvalidRequest as invalid:
-            return error_response(400, invalid.message, invalid.code, invalid.param)
+        return PassthroughTurn(body=dialect.parse(raw))
     return turn
 
 
@@ -167,7 +155,7 @@ async def _send(
     body, retried = turn.body, False
     while True:
         try:
-            data = raw if not retried and getattr(turn, "unchanged", False) else orjson.dumps(body)
+            data = raw if not retried and turn.unchanged else orjson.dumps(body)
         except orjson.JSONEncodeError as exc:  # orjson reads deeper nesting than it writes
             raise InvalidRequest(f"The request body cannot be forwarded: {exc}.", None, "invalid_body") from exc
         response = await upstream.send(
@@ -185,7 +173,7 @@ async def _send(
             head = await read_head(response, ERROR_PEEK_BYTES)
         except (TimeoutError, aiohttp.ClientError) as exc:
             response.close()
-            raise UpstreamError(502, "The upstream broke off its error response.", "upstream_broken") from exc
+            raise UpstreamError("The upstream broke off its error response.", code="upstream_broken") from exc
         tokens = dialect.overflow_tokens(response.status, head)
         refitted = turn.refit(tokens) if tokens is not None else None
         if refitted is None:
@@ -197,20 +185,9 @@ async def _send(
 
 async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     """A rewritten route (one per dialect): validate, let the engine prepare the turn, forward, relay."""
-    settings = request.app[HOLDER].settings
-    try:
-        raw = await read_body(request, _max_body(settings))
-    except BodyTooLarge:
-        return _too_large(settings)
+    raw = await read_body(request, request.app[HOLDER].settings)
     turn = await _prepare(request, dialect, raw)
-    if isinstance(turn, web.StreamResponse):
-        return turn
-    try:
-        response, head = await _send(request, dialect, turn, raw)
-    except UpstreamError as exc:
-        return error_response(exc.status, exc.message, exc.code)
-    except InvalidRequest as exc:
-        return error_response(400, exc.message, exc.code, exc.param)
+    response, head = await _send(request, dialect, turn, raw)
     return await relay(request, response, turn=turn, route=dialect.name, prefix=head)
 
 
@@ -223,6 +200,7 @@ def _rewrite_route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.St
 
 
 _REWRITE_ROUTES = {dialect: _rewrite_route(dialect) for dialect in DIALECTS}
+_ROUTE_DIALECTS = {handler: dialect for dialect, handler in _REWRITE_ROUTES.items()}
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -230,11 +208,10 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     settings = request.app[HOLDER].settings
     tail = _upstream_tail(request)
     if tail is None:
-        return error_response(400, "Dot segments are not allowed in the path.", "invalid_path")
-    limit = _max_body(settings)
-    if request.content_length is not None and request.content_length > limit:
-        return _too_large(settings)
-    body = _StreamedBody(request, limit) if request.body_exists else None
+        raise InvalidRequest("Dot segments are not allowed in the path.", code="invalid_path")
+    if request.content_length is not None and request.content_length > _max_body(settings):
+        raise _too_large(settings)
+    body = _StreamedBody(request, settings) if request.body_exists else None
     # aiohttp decodes a compressed body as it reads it: that goes on decoded, its length unknown.
     length = None if "Content-Encoding" in request.headers else request.content_length
     try:
@@ -247,11 +224,10 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             content_length=length,
             route="passthrough",
         )
-    except (UpstreamError, BodyTooLarge) as exc:
-        if body is not None and body.too_large:
-            return _too_large(settings)
-        assert isinstance(exc, UpstreamError)
-        return error_response(exc.status, exc.message, exc.code)
+    except UpstreamError:
+        if body is not None and body.too_large:  # the upstream saw the body cut off because it was too large
+            raise body.too_large from None
+        raise
     return await relay(request, response, route="passthrough")
 
 
@@ -271,14 +247,15 @@ async def metrics(request: web.Request) -> web.Response:
 async def sessions(request: web.Request) -> web.Response:
     if denied := admin_denied(request, request.app[HOLDER].settings):
         return denied
-    context = request.app[CONTEXT]
+    context: ContextService = request.app[CONTEXT]
     session_id = request.match_info.get("session_id")
-    method = getattr(context, "session_json" if session_id is not None else "sessions_json", None)
-    data = None if method is None else method(session_id) if session_id is not None else method()
+    rows = context.sessions_json()
+    if rows is None:
+        raise ProxyError("This proxy keeps no sessions.", status=404, code="not_found")
+    data = rows if session_id is None else context.session_json(session_id)
     if data is None:
-        return error_response(404, "No such session." if method else "This proxy keeps no sessions.", "not_found")
-    body = data if isinstance(data, bytes) else data.encode() if isinstance(data, str) else orjson.dumps(data)
-    return web.Response(body=body, content_type="application/json")
+        raise ProxyError("No such session.", status=404, code="not_found")
+    return web.Response(body=orjson.dumps(data), content_type="application/json")
 
 
 _ROUTE_LABELS: dict[Callable, str] = {
@@ -292,13 +269,17 @@ _ROUTE_LABELS: dict[Callable, str] = {
 
 @web.middleware
 async def observe(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-    """Count every request by route and status; turn aiohttp's own errors into OpenAI's shape."""
+    """Count every request by route and status; answer the proxy's own errors and aiohttp's in OpenAI's shape."""
     label = _ROUTE_LABELS.get(request.match_info.handler, "unmatched")
     status = "499"  # the client went away before an answer
     try:
         response = await handler(request)
         status = str(response.status)
         return response
+    except ProxyError as exc:
+        status = str(exc.status)
+        dialect = _ROUTE_DIALECTS.get(request.match_info.handler)
+        return exc.response(dialect.error_body if dialect is not None else None)
     except web.HTTPException as exc:
         status = str(exc.status)
         if exc.status < 400:

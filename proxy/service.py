@@ -24,8 +24,9 @@ from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import CutCache
 from proxy.dialects import CHAT, Conversation, Dialect
+from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
-from proxy.seam import PassthroughTurn, Rejected
+from proxy.seam import PassthroughTurn
 from proxy.sessions import SESSION_HEADER, Session, TurnStats, header_value, scoped_key, session_id_for, visible_id
 from proxy.state import SessionStore
 from proxy.tokens import TokenCounter, counter_for
@@ -225,7 +226,7 @@ class EngineService:
             correction = self.correction_for(session, conversation.model)
             outcome = inputs.run(session.journal, correction)
             if outcome.overflow:
-                raise Rejected(400, outcome.overflow.message(), "context_length_exceeded")
+                raise ContextOverflow(outcome.overflow.message())
             turn = EngineTurn(self, session, inputs, body, journal=session.journal)
             session.add_turn(turn.stats)
             turn.apply(outcome, correction)

@@ -17,6 +17,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.config import ConfigHolder
+from proxy.errors import UpstreamError
 from proxy.metrics import METRICS
 
 log = logging.getLogger("proxy.upstream")
@@ -41,16 +42,6 @@ _REQUEST_OWN = frozenset({"host", "content-length", "expect", "accept-encoding",
 UPSTREAM_LATENCY = METRICS.histogram(
     "context_proxy_upstream_latency_seconds", "Time from sending a request upstream to its response headers", ["route"]
 )
-
-
-class UpstreamError(Exception):
-    """The upstream could not give us response headers; `status` is what the client gets."""
-
-    def __init__(self, status: int, message: str, code: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
 
 
 def end_to_end(headers: Mapping[str, str], also_drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
@@ -118,7 +109,7 @@ class Upstream:
             key = os.environ.get(key_env, "")
             if not key:
                 raise UpstreamError(
-                    502, f"The proxy's upstream key variable {key_env} is not set.", "upstream_key_missing"
+                    f"The proxy's upstream key variable {key_env} is not set.", code="upstream_key_missing"
                 )
             headers["Authorization"] = f"Bearer {key}"
         accept = client_headers.get("accept-encoding")
@@ -161,11 +152,11 @@ class Upstream:
             )
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             log.warning("upstream %s timed out before answering (%s)", url.path, type(exc).__name__)
-            raise UpstreamError(504, "The upstream did not answer in time.", "upstream_timeout") from exc
+            raise UpstreamError("The upstream did not answer in time.", status=504, code="upstream_timeout") from exc
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("upstream %s unreachable: %s", url.path, type(exc).__name__)
             raise UpstreamError(
-                502, f"The upstream could not be reached ({type(exc).__name__}).", "upstream_unreachable"
+                f"The upstream could not be reached ({type(exc).__name__}).", code="upstream_unreachable"
             ) from exc
         UPSTREAM_LATENCY.observe(time.monotonic() - started, route=route)
         return response

@@ -10,17 +10,11 @@ from typing import Any
 
 import orjson
 
+from proxy.errors import InvalidRequest
+
+__all__ = ["InvalidRequest", "check_messages", "parse_chat_body"]
+
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-
-
-class InvalidRequest(ValueError):
-    """A body the proxy refuses, with the OpenAI-style `param` and `code` it names."""
-
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request") -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
 
 
 def _kind(value: Any) -> str:

@@ -10,7 +10,7 @@ import time
 import openai
 import pytest
 
-from proxy.seam import Rejected
+from proxy.errors import ContextOverflow
 from proxy.server import OFFLOAD_BYTES
 from proxy.simulator import SimulatorConfig
 from tests.conftest import RecordingService
@@ -163,7 +163,7 @@ async def test_context_overflow_passes_through_when_the_engine_cannot_refit(make
 
 
 async def test_engine_rejection_is_a_local_error_in_openai_shape(make_rig):
-    service = RecordingService(fail_with=Rejected(400, "too long for the window", "context_length_exceeded"))
+    service = RecordingService(fail_with=ContextOverflow("too long for the window"))
     rig = await make_rig(context=service)
     with pytest.raises(openai.BadRequestError) as caught:
         await async_client(rig.base_url).chat.completions.create(model=MODEL, messages=MESSAGES)

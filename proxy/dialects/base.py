@@ -102,3 +102,7 @@ class Dialect(Protocol):
     def overflow_tokens(self, status: int, body: bytes) -> int | None:
         """The prompt size an upstream "context too long" refusal reports; None when it is not one."""
         ...
+
+    def error_body(self, message: str, status: int, code: str | None, param: str | None) -> bytes:
+        """An error the proxy answers itself on this API's route, in the API's own shape."""
+        ...

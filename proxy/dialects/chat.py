@@ -10,6 +10,7 @@ import orjson
 
 from proxy.context.messages import message_digest
 from proxy.dialects.base import Conversation, Message, Usage, whole_count
+from proxy.errors import error_body
 from proxy.validate import parse_chat_body
 
 _OVERFLOW_PATTERNS = (
@@ -98,6 +99,9 @@ class ChatDialect:
 
     def overflow_tokens(self, status: int, body: bytes) -> int | None:
         return overflow_tokens(body) if status == 400 else None
+
+    def error_body(self, message: str, status: int, code: str | None, param: str | None) -> bytes:
+        return error_body(message, status, code, param)
 
 
 CHAT = ChatDialect()
