@@ -22,7 +22,8 @@ from proxy.context.clearing import PLACEHOLDER
 from proxy.context.messages import compile_patterns, content_text, is_tool_output
 from proxy.context.recall import message_tokens, specific_tokens
 from proxy.context.tokens import Counter
-from tests.context.replay import TRACE_NAMES, load, model, policy_for, run
+from proxy.traces import Trace, load_trace
+from tests.context.replay import TRACE_NAMES, model, policy_for, run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HELD_OUT = Path(__file__).resolve().parent / "traces"
@@ -77,21 +78,21 @@ class _Tokens:
         return hit[1]
 
 
-def _never_edited(trace: dict, tokens: _Tokens) -> frozenset[str]:
+def _never_edited(trace: Trace, tokens: _Tokens) -> frozenset[str]:
     """Tokens of what no policy edits: system messages, the task (first user message), the tools schema."""
-    messages = trace["messages"]
+    messages = trace.messages
     fixed = [m for m in messages if m.get("role") in ("system", "developer")]
     fixed += [m for m in messages if m.get("role") == "user"][:1]
-    schema = specific_tokens(json.dumps(trace.get("tools") or []))
+    schema = specific_tokens(json.dumps(trace.tools or []))
     return frozenset().union(schema, *(tokens(m) for m in fixed))
 
 
-def score(trace: dict, sent: list[list[dict]], usable: int, counts: list[int] | None = None) -> Score:
+def score(trace: Trace, sent: list[list[dict]], usable: int, counts: list[int] | None = None) -> Score:
     """Score the requests `sent` for each turn of `trace` (in `turns` order); `counts` their sizes, for failures."""
     tokens = _Tokens()
     patterns = compile_patterns(policy_for(trace).clear_tool_outputs.observation_patterns)
     fixed = _never_edited(trace, tokens)
-    messages = trace["messages"]
+    messages = trace.messages
     task = next((m for m in messages if m.get("role") == "user"), None)
     out = Score()
     k = 0
@@ -198,7 +199,7 @@ SETTINGS = (
 )
 
 
-def _send(setting: Setting, trace: dict, window: int, counter: Counter) -> Send | None:
+def _send(setting: Setting, trace: Trace, window: int, counter: Counter) -> Send | None:
     patterns = compile_patterns(policy_for(trace).clear_tool_outputs.observation_patterns)
     return {
         "": None,
@@ -209,7 +210,7 @@ def _send(setting: Setting, trace: dict, window: int, counter: Counter) -> Send 
     }[setting.peer]
 
 
-def measure(setting: Setting, trace: dict, window: int, d: float, counter: Counter) -> dict[str, Any]:
+def measure(setting: Setting, trace: Trace, window: int, d: float, counter: Counter) -> dict[str, Any]:
     """One setting on one trace at one window and discount: its score and bills."""
     base = policy_for(trace)
     policy = replace(base, **setting.policy, clear_tool_outputs=replace(base.clear_tool_outputs, **setting.clear))
@@ -231,7 +232,7 @@ def run_quality(sets: dict[str, list[str | Path]] | None = None, plot: bool = Tr
     sets = sets or {"packaged": list(TRACE_NAMES), "held-out": list(held_out())}
     rows = []
     for set_name, names in sets.items():
-        traces = [json.loads(Path(n).read_text()) if isinstance(n, Path) else load(n) for n in names]
+        traces = [load_trace(n) for n in names]
         if not traces:
             continue
         for setting in SETTINGS:
@@ -243,7 +244,7 @@ def run_quality(sets: dict[str, list[str | Path]] | None = None, plot: bool = Tr
     return result
 
 
-def _row(set_name: str, setting: Setting, window: int, traces: list[dict], counter: Counter) -> dict[str, Any]:
+def _row(set_name: str, setting: Setting, window: int, traces: list[Trace], counter: Counter) -> dict[str, Any]:
     row: dict[str, Any] = {"set": set_name, "setting": setting.name, "window": window}
     for d in DISCOUNTS:
         total, billed, direct, worst = Score(), 0.0, 0.0, 0.0

@@ -7,6 +7,7 @@ import pytest
 from bench.quality import SETTINGS, Score, clear_all_but_last, held_out, measure, score
 from proxy.context.clearing import PLACEHOLDER
 from proxy.tokens import counter_for
+from proxy.traces import Trace
 from tests.context.replay import TRACE_NAMES, load
 
 COUNTER = counter_for("o200k_base")
@@ -35,8 +36,11 @@ def test_clearing_every_output_but_the_last_loses_all_old_evidence_and_more_than
 
 
 def test_a_token_is_lost_only_when_nothing_sent_still_holds_it():
-    trace = {
-        "messages": [
+    trace = Trace(
+        name="t",
+        source="",
+        tools=None,
+        messages=[
             {"role": "system", "content": "You are an agent."},
             {"role": "user", "content": "Fix the bug."},
             {"role": "assistant", "content": "", "tool_calls": [_call("c1", "grep -n parse_header src")]},
@@ -44,9 +48,9 @@ def test_a_token_is_lost_only_when_nothing_sent_still_holds_it():
             {"role": "assistant", "content": "", "tool_calls": [_call("c2", "ls")]},
             {"role": "tool", "tool_call_id": "c2", "content": "setup.py README.rst"},
             {"role": "assistant", "content": "", "tool_calls": [_call("c3", "sed -n 412,430p src/http_utils.py")]},
-        ]
-    }
-    as_sent = [trace["messages"][:i] for i in (2, 4, 6)]
+        ],
+    )
+    as_sent = [trace.messages[:i] for i in (2, 4, 6)]
     cleared = [list(r) for r in as_sent]
     cleared[2][3] = {**cleared[2][3], "content": PLACEHOLDER}
     kept, lost = score(trace, as_sent, 10**6), score(trace, cleared, 10**6)
@@ -62,7 +66,7 @@ def test_held_out_traces_are_not_the_packaged_ones():
 @pytest.mark.parametrize("name", TRACE_NAMES)
 def test_clear_all_but_last_leaves_the_newest_output(name: str):
     trace = load(name)
-    request = trace["messages"][:-1]
+    request = trace.messages[:-1]
     sent = clear_all_but_last()(request)
     outputs = [m for m in sent if m.get("role") == "tool"]
     if outputs:
