@@ -28,6 +28,7 @@ from proxy.errors import BodyTooLarge, InvalidRequest, ProxyError, UpstreamError
 from proxy.metrics import METRICS
 from proxy.relay import read_head, relay
 from proxy.seam import BodyParser, ContextService, PassthroughService, PassthroughTurn, PreparedTurn
+from proxy.stream_ends import api_for_path
 from proxy.upstream import Upstream
 
 log = logging.getLogger("proxy.server")
@@ -188,7 +189,7 @@ async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     raw = await read_body(request, request.app[HOLDER].settings)
     turn = await _prepare(request, dialect, raw)
     response, head = await _send(request, dialect, turn, raw)
-    return await relay(request, response, turn=turn, route=dialect.name, prefix=head)
+    return await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
 
 
 def _rewrite_route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -228,7 +229,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         if body is not None and body.too_large:  # the upstream saw the body cut off because it was too large
             raise body.too_large from None
         raise
-    return await relay(request, response, route="passthrough")
+    return await relay(request, response, route="passthrough", api=api_for_path(request.method, tail))
 
 
 async def healthz(request: web.Request) -> web.Response:
