@@ -8,7 +8,7 @@ import pytest
 from proxy.sse import SseEvents
 from proxy.stream_ends import CHAT, MESSAGES, RESPONSES, EndWatch, StreamApi, api_for_path
 from tests.conftest import RECORDED_STREAMS
-from tests.test_stream_cuts import STREAMS, end_index, split_events
+from tests.streams import STREAMS, end_index, split_events
 
 RECORDING = RECORDED_STREAMS[sorted(RECORDED_STREAMS)[0]]
 

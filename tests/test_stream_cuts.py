@@ -15,7 +15,6 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,40 +25,14 @@ import pytest
 from aiohttp import web
 
 from proxy.metrics import METRICS
-from proxy.sse import EVENT_END
 from proxy.stream_ends import STREAM_APIS
 from tests.conftest import RECORDED_STREAMS
 from tests.harness import Rig, start_rig
+from tests.streams import STREAMS, end_index, split_events
 
-DATA = Path(__file__).parent / "data" / "streams"
-STREAMS: dict[str, dict[str, bytes]] = {
-    "chat": RECORDED_STREAMS,
-    "responses": {p.name: p.read_bytes() for p in sorted(DATA.glob("responses_*.sse"))},
-    "messages": {p.name: p.read_bytes() for p in sorted(DATA.glob("messages_*.sse"))},
-}
 PATHS = {"chat": "chat/completions", "responses": "responses", "messages": "messages"}
 HOW = ("eof", "close", "reset")  # a clean end of the body; the connection closed mid-body; a TCP reset
 WHERE = ("0", "1", "n", "mid")  # after 0, 1, n whole events; inside an event
-
-
-def split_events(data: bytes) -> list[bytes]:
-    """Each event with its blank line."""
-    events, start = [], 0
-    for match in EVENT_END.finditer(data):
-        events.append(data[start : match.end()])
-        start = match.end()
-    assert start == len(data), "the written streams end with a blank line"
-    return events
-
-
-def end_index(api: str, events: list[bytes]) -> int:
-    """The first event carrying the API's end marker: a cut before it is a cut stream."""
-    marker = {
-        "chat": b'"finish_reason":"',
-        "responses": b"event: response.completed\n",
-        "messages": b"event: message_stop\n",
-    }
-    return next(i for i, e in enumerate(events) if marker[api] in e)
 
 
 @dataclass(frozen=True)
