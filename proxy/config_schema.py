@@ -3,7 +3,7 @@
 The schema is the dataclasses themselves (`proxy.config`'s sections, `Policy`, `ModelInfo`): a
 pydantic model is derived from each, so a new field is a new key with its type checked, and a new
 section is a new dataclass field of `Settings`. Types are strict (`"32"` is not a number), unknown
-keys are refused with the closest known one, numbers are never negative, `*_patterns` must compile.
+keys are refused with the closest known one, numbers are never negative, `*_patterns` must compile under RE2.
 `RULES` holds what a type cannot say (ranges, choices); adding one is one line.
 """
 
@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from proxy.context.patterns import pattern_problem
 from proxy.context.policy import TRUNCATIONS
 from proxy.encodings import PACKAGED_FILES
 
@@ -38,11 +39,8 @@ def _http_url(url: str) -> str:
 
 
 def _regexes(patterns: tuple[str, ...]) -> tuple[str, ...]:
-    for pattern in patterns:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
+    if problem := pattern_problem(patterns):  # as the engine will run them (RE2)
+        raise ValueError(problem)
     return patterns
 
 
