@@ -129,7 +129,7 @@ async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     raw = await read_body(request, request.app[HOLDER].settings)
     turn = await _prepare(request, dialect, raw)
     response, head = await _send(request, dialect, turn, raw)
-    return await relay(request, response, turn=turn, route=dialect.name, prefix=head)
+    return await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
 
 
 def _rewrite_route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
