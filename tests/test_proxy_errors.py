@@ -127,10 +127,11 @@ async def test_an_upstream_dying_mid_stream_ends_the_stream_without_done(rig):
         with pytest.raises(aiohttp.ClientPayloadError):
             async for chunk in response.content.iter_any():
                 received += chunk
-    assert received.count(b"data: {") == 2
-    assert b"[DONE]" not in received
+    events = [event for event in received.split(b"\n\n") if event.startswith(b"data: {")]
+    assert len(events) == 3 and b'"error"' in events[-1]  # the two relayed chunks, then the proxy's error event
+    assert b'"error"' not in b"".join(events[:2]) and b"[DONE]" not in received
 
-    with pytest.raises(openai.APIConnectionError):
+    with pytest.raises(openai.APIError, match="cut short"):  # the SDK raises on the proxy's error event
         stream = await client(rig.base_url).chat.completions.create(
             model=MODEL, messages=MESSAGES, stream=True, extra_headers=dying
         )
