@@ -1,4 +1,4 @@
-"""`python -m bench overhead|scaling|memory|savings|profile|stall|ab|smoke [-n N] [--ref REV] [--json FILE]`.
+"""`python -m bench overhead|scaling|memory|savings|profile|stall|ab|smoke|quality [-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -67,6 +67,12 @@ def _smoke(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return smoke.run_smoke(), smoke.render
 
 
+def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import quality
+
+    return quality.run_quality(), quality.render
+
+
 COMMANDS: dict[str, Runner] = {
     "overhead": _overhead,
     "scaling": _scaling,
@@ -76,6 +82,7 @@ COMMANDS: dict[str, Runner] = {
     "stall": _stall,
     "ab": _ab,
     "smoke": _smoke,
+    "quality": _quality,
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from proxy.context.tokens import REPLY_PRIMING
 from proxy.tokens import TokenCounter
 from proxy.traces import load_trace
 
@@ -66,7 +67,7 @@ class Conversation:
 
     def grow_to(self, tokens: int) -> list[dict[str, Any]]:
         """Append units until the conversation holds at least `tokens` tokens; the messages."""
-        total = self.counter.count_messages(self.messages)
+        total = sum(self.counter.count_message(m) for m in self.messages) + REPLY_PRIMING
         while total < tokens:
             total += sum(self.counter.count_message(m) for m in self.next_unit())
         return self.messages

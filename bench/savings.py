@@ -92,7 +92,7 @@ def _settings(sim_url: str, d: float) -> Settings:
 
 
 def _session_prefix(trace: Trace) -> str:
-    """Text-mode traces run as the shipped `config/sessions/swe-agent-text.toml` session, as a user would."""
+    """Text-mode traces run as the shipped `proxy/data/config/sessions/swe-agent-text.toml` session, as a user would."""
     return "swe-agent-text-bench-" if "(text mode" in trace.source else "bench-"
 
 

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from proxy.config import ConfigError, ConfigHolder, load_settings
+from proxy.config import DEFAULT_CONFIG, ConfigError, ConfigHolder, load_settings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -28,9 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="run the proxy (default)",
-        description="Serve the proxy. Without arguments: config/proxy.toml, 127.0.0.1:8787.",
+        description=f"Serve the proxy. Without arguments: {DEFAULT_CONFIG}, 127.0.0.1:8787.",
     )
-    serve.add_argument("--config", metavar="FILE", help="proxy.toml to load (default: the packaged config/proxy.toml)")
+    serve.add_argument("--config", metavar="FILE", help=f"proxy.toml to load (default: the packaged {DEFAULT_CONFIG})")
     serve.add_argument("--host", help="address to bind (default: [server] host)")
     serve.add_argument("--port", type=int, help="port to bind (default: [server] port)")
     serve.add_argument("--upstream", metavar="URL", help="upstream base URL, e.g. https://api.openai.com/v1")
@@ -80,7 +80,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["demo"]:  # the demo parses its own arguments (and its own --help)
-        from proxy import demo  # imported lazily: it pulls in the simulator and the SDK
+        from proxy import demo  # imported lazily: it pulls in the simulator and the engine
 
         return demo.main(argv[1:]) or 0
     if argv[:1] == ["simulate"]:

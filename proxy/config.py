@@ -21,7 +21,8 @@ log = logging.getLogger("proxy.config")
 # Model names come from clients: lookups are remembered per Settings up to this many names.
 MAX_MODELS_CACHED = 1024
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "proxy.toml"
+# Packaged with the code (package data), so any install serves from any folder; copy it to change it.
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "data" / "config" / "proxy.toml"
 
 
 @dataclass(frozen=True)

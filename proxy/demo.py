@@ -2,7 +2,8 @@
 
 Everything runs on 127.0.0.1: the simulator plays the upstream (it bills prompt and
 cached tokens and refuses requests over the window), the proxy sits in front of it,
-and the official `openai` SDK sends the agent's requests turn by turn. No key, no network.
+and a plain HTTP client sends the agent's requests turn by turn, as the `openai` SDK would (streamed,
+usage requested). No key, no network, nothing beyond the runtime dependencies.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import openai
+import aiohttp
+import orjson
 
 from proxy.config import ConfigHolder, load_settings
 from proxy.context.policy import ModelInfo
@@ -55,30 +57,45 @@ async def replay(base_url: str, trace: Trace, model: str, label: str, max_turns:
     """Send each of the trace's requests as the agent did (streamed, usage requested) and tally the outcome."""
     result = ReplayResult(label)
     extra: dict[str, Any] = {"tools": trace.tools} if trace.tools else {}
-    async with openai.AsyncOpenAI(base_url=base_url, api_key="demo", max_retries=0, timeout=60) as client:
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout, headers={"Authorization": "Bearer demo"}) as http:
         for turn, (messages, _answer) in enumerate(requests(trace), start=1):
             if max_turns is not None and turn > max_turns:
                 break
             result.turns += 1
-            try:
-                raw = await client.chat.completions.with_raw_response.create(
-                    model=model, messages=messages, stream=True, stream_options={"include_usage": True}, **extra
-                )
-            except openai.BadRequestError as exc:
-                if exc.code != "context_length_exceeded":
-                    raise
-                result.failed += 1
-                result.first_failure = result.first_failure or turn
-                result.usage.append(None)
-                continue
-            result.last_headers = {_title(k): v for k, v in raw.headers.items() if k.lower().startswith("x-context-")}
-            usage = (0, 0)
-            async for chunk in raw.parse():
-                if chunk.usage is not None:
-                    details = chunk.usage.prompt_tokens_details
-                    usage = (chunk.usage.prompt_tokens, (details.cached_tokens or 0) if details else 0)
-            result.usage.append(usage)
+            body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+            async with http.post(f"{base_url}/chat/completions", data=orjson.dumps({**body, **extra})) as response:
+                if response.status != 200:
+                    _refused_for_window(response.status, await response.read())
+                    result.failed += 1
+                    result.first_failure = result.first_failure or turn
+                    result.usage.append(None)
+                    continue
+                result.last_headers = {
+                    _title(k): v for k, v in response.headers.items() if k.lower().startswith("x-context-")
+                }
+                result.usage.append(await _streamed_usage(response))
     return result
+
+
+def _refused_for_window(status: int, body: bytes) -> None:
+    """A refusal the replay counts (`context_length_exceeded`); anything else stops the demo with its message."""
+    try:
+        error = orjson.loads(body).get("error") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        error = {}
+    if status != 400 or error.get("code") != "context_length_exceeded":
+        raise RuntimeError(f"upstream answered {status}: {error.get('message') or body[:200]!r}")
+
+
+async def _streamed_usage(response: aiohttp.ClientResponse) -> tuple[int, int]:
+    """(prompt, cached) tokens from the stream's usage chunk; (0, 0) if it sent none."""
+    usage: dict[str, Any] = {}
+    async for line in response.content:
+        if line.startswith(b"data: {"):
+            usage = orjson.loads(line[6:]).get("usage") or usage
+    details = usage.get("prompt_tokens_details") or {}
+    return usage.get("prompt_tokens", 0), details.get("cached_tokens") or 0
 
 
 def _title(header: str) -> str:
@@ -156,7 +173,7 @@ def main(args: list[str] | None = None) -> int:
         "--trace", default=DEFAULT_TRACE, help=f"packaged trace or trace file (default {DEFAULT_TRACE})"
     )
     parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help=f"model from config/proxy.toml (default {DEFAULT_MODEL})"
+        "--model", default=DEFAULT_MODEL, help=f"model from the packaged proxy.toml (default {DEFAULT_MODEL})"
     )
     parser.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
     parser.add_argument("--list", action="store_true", help="list the packaged traces and exit")

@@ -82,8 +82,18 @@ class _Inputs:
 class EngineTurn:
     """One prepared request (`proxy.seam.PreparedTurn`): the body to send and what to learn from the answer."""
 
-    def __init__(self, service: EngineService, session: Session, inputs: _Inputs, body: dict, journal: Journal) -> None:
-        self.service = service
+    def __init__(
+        self,
+        session: Session,
+        inputs: _Inputs,
+        body: dict,
+        journal: Journal,
+        *,
+        store: SessionStore,
+        calibration: Calibration,
+    ) -> None:
+        self.store = store  # where the session is saved after each change
+        self.calibration = calibration  # what the upstream's usage teaches about our counts
         self.session = session
         self.inputs = inputs
         self.client_body = body
@@ -107,10 +117,6 @@ class EngineTurn:
         return self.inputs.conversation.model
 
     @property
-    def calibration(self) -> Calibration:
-        return self.service.calibration
-
-    @property
     def estimate(self) -> float:
         """Our uncorrected count of what was sent (the report's count carries the correction)."""
         return self.outcome.report.tokens_after / self.correction if self.outcome and self.correction > 0 else 0.0
@@ -131,14 +137,14 @@ class EngineTurn:
         self.stats.report = outcome.report
         self.stats.model = self.inputs.conversation.model
         self.stats.retried = retried
-        self.service.store.save(self.session)
+        self.store.save(self.session)
 
     def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None:
         usage = self.dialect.usage(payloads)
         if usage is None or self.outcome is None or self.stats.prompt_tokens is not None:
             return
         report, model = self.outcome.report, self.inputs.model
-        self.service.calibration.learn(self.inputs.conversation.model, usage.prompt, self.estimate)
+        self.calibration.learn(self.inputs.conversation.model, usage.prompt, self.estimate)
         # The unedited request, scaled by the same upstream/estimate ratio; its cache would have held
         # the previous turn's unedited prompt (a client that only appends never breaks its own prefix).
         scale = usage.prompt / report.tokens_after if report.tokens_after else 1.0
@@ -158,15 +164,15 @@ class EngineTurn:
         COST.inc(stats.cost_usd, policy=policy, route="proxied")
         COST.inc(stats.direct_cost_usd, policy=policy, route="direct")
         SAVED.inc(stats.direct_cost_usd - stats.cost_usd, policy=policy)
-        self.service.store.save(self.session)
+        self.store.save(self.session)
 
     async def commit(self) -> None:
         """Write the turn to the session store: before it is sent (a shared store may re-run it), and its usage."""
-        await self.service.store.commit(self)
+        await self.store.commit(self)
 
     def realign(self) -> None:
         """Another process wrote this session first: run the turn again on the journal it left."""
-        correction = self.service.correction_for(self.session, self.inputs.conversation.model)
+        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction)
         with self.session.lock:
             self.journal_before = self.session.journal
             outcome = self.inputs.run(self.journal_before, correction)
@@ -181,7 +187,7 @@ class EngineTurn:
         learned = refit_correction(reported_prompt_tokens, self.estimate)
         self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
-        correction = self.service.correction_for(self.session, self.inputs.conversation.model)
+        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction)
         with self.session.lock:
             outcome = self.inputs.run(self.journal_before, correction)
             self.stats.retried = True
@@ -247,23 +253,19 @@ class EngineService:
         session = self.store.get(scoped_key(session_id, credential))
         with session.lock:
             session.policy = policy.name
-            correction = self.correction_for(session, conversation.model)
+            correction = self.calibration.correction(conversation.model, session.correction)
             outcome = inputs.run(session.journal, correction)
             if outcome.overflow:
                 raise ContextOverflow(outcome.overflow.message())
-            turn = EngineTurn(self, session, inputs, body, journal=session.journal)
+            turn = EngineTurn(session, inputs, body, session.journal, store=self.store, calibration=self.calibration)
             session.add_turn(turn.stats)
             turn.apply(outcome, correction)
-        self._count(policy.name, outcome)
+        self._record_metrics(policy.name, outcome)
         return turn
 
     def state_problem(self) -> str | None:
         """Why the session store is degraded (`/healthz` "state"), or None."""
         return self.store.problem
-
-    def correction_for(self, session: Session, model: str) -> float:
-        """The model's learned ratio, never below what a retry taught this session."""
-        return self.calibration.correction(model, session.correction)
 
     def sessions_json(self) -> list[dict[str, Any]]:
         """`GET /sessions`: one row per session in memory, most recent first; no message text."""
@@ -277,7 +279,7 @@ class EngineService:
             session = max(named, key=lambda s: s.last_seen, default=None)
         return session.to_dict() if session is not None else None
 
-    def _count(self, policy: str, outcome: Outcome) -> None:
+    def _record_metrics(self, policy: str, outcome: Outcome) -> None:
         report = outcome.report
         TOKENS_BEFORE.inc(report.tokens_before, policy=policy)
         TOKENS_AFTER.inc(report.tokens_after, policy=policy)

@@ -10,7 +10,7 @@ from typing import Any
 import tiktoken
 
 from proxy.context.messages import message_digest
-from proxy.context.tokens import REPLY_PRIMING, canonical_bytes, framing, message_text
+from proxy.context.tokens import framing, message_text
 from proxy.encodings import get_encoding
 
 # Model name prefixes whose tokenizer is known; anything else takes the configured default.
@@ -81,15 +81,6 @@ class TokenCounter:
         count = self.count_text(message_text(message)) + framing(message)
         self._remember(key, count)
         return count
-
-    def count_messages(self, messages: list[dict[str, Any]]) -> int:
-        return sum(self.count_message(m) for m in messages) + REPLY_PRIMING
-
-    def count_tools(self, tools: Any) -> int:
-        """The `tools` schema is sent with every request and counts against the window."""
-        if not tools:
-            return 0
-        return self.count_text(canonical_bytes(tools).decode())
 
 
 _counters: dict[str, TokenCounter] = {}

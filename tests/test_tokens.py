@@ -9,6 +9,7 @@ import importlib.resources
 import pytest
 
 from proxy import encodings
+from proxy.context.pipeline import tools_tokens
 from proxy.encodings import EncodingUnavailable, get_encoding
 from proxy.tokens import TokenCounter, counter_for, encoding_for_model
 
@@ -66,7 +67,7 @@ def test_messages_count_openai_framing() -> None:
     counter = counter_for("cl100k_base")
     message = {"role": "user", "content": "hello world"}
     # 3 framing + role + content, and 3 to prime the reply
-    assert counter.count_messages([message]) == counter.count_text("user\nhello world") + 3 + 3
+    assert counter.count_message(message) == counter.count_text("user\nhello world") + 3
     named = {**message, "name": "bob"}
     assert counter.count_message(named) > counter.count_message(message)
 
@@ -80,8 +81,8 @@ def test_tool_calls_and_tools_schema_are_counted() -> None:
     }
     assert counter.count_message(call) > counter.count_message({"role": "assistant", "content": None})
     tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
-    assert counter.count_tools(tools) > 0
-    assert counter.count_tools(None) == 0
+    assert tools_tokens(tools, counter) > 0
+    assert tools_tokens(None, counter) == 0
 
 
 def test_the_message_cache_is_bounded() -> None:

@@ -20,11 +20,12 @@ import pytest_asyncio
 
 from proxy.config import ConfigHolder, load_settings
 from proxy.context.clearing import PLACEHOLDER
-from proxy.context.messages import check_pairing, content_text
+from proxy.context.messages import content_text
 from proxy.server import start
 from proxy.service import build_context_service
 from proxy.simulator import SIMULATOR, start_simulator
 from proxy.traces import Trace, list_traces, load_trace, requests
+from tests.pairing import check_pairing
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import orjson
-
 from proxy.context.policy import ModelInfo
 
 # Turns still to come, as a share of the turns so far (a prototype measured 0.25/0.5/1: 0.5 was best).
@@ -94,12 +92,3 @@ def bill(requests: Iterable[Sequence[Block]], discount: float) -> Bill:
         uncached += sum(tokens for _, tokens in request) - hit
         previous = request
     return Bill(uncached, cached, discount)
-
-
-def request_blocks(
-    messages: Sequence[dict], count: Sequence[int], tools: object = None, tools_tokens: int = 0
-) -> list[Block]:
-    """A request as cache blocks: the tools schema first (it precedes the messages in the prompt), then each message."""
-    blocks: list[Block] = [(orjson.dumps(tools), tools_tokens)] if tools else []
-    blocks.extend((orjson.dumps(m), n) for m, n in zip(messages, count, strict=True))
-    return blocks

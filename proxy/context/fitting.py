@@ -154,16 +154,6 @@ def cut_oversized(message: Message, counter: Counter, max_tokens: int) -> Messag
     return {**message, "content": _with_text(message["content"], _head_and_tail(text, total, counter, max_tokens))}
 
 
-def oversized_cuts(messages: Sequence[Message], counter: Counter, max_tokens: int) -> dict[int, Message]:
-    """Index → cut copy for every oversized message but the last (the one the model must answer)."""
-    cuts: dict[int, Message] = {}
-    for i, message in enumerate(messages[:-1]):
-        cut = cut_oversized(message, counter, max_tokens)
-        if cut is not None:
-            cuts[i] = cut
-    return cuts
-
-
 def _head_and_tail(text: str, total: int, counter: Counter, max_tokens: int) -> str:
     """About half the allowance from each end, shrunk until the whole fits `max_tokens`."""
     marker_tokens = counter.count_text(CUT_MARKER.format(n=total)) + 2

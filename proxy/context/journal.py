@@ -175,10 +175,6 @@ class Journal:
         self.outputs.append(output)
         self.decisions.append(decision)
 
-    def decide(self, index: int, decision: Decision, sent: int) -> None:
-        self.decisions[index] = decision
-        self.sent[index] = sent
-
     def record(self, report: TurnReport) -> None:
         self.turn = report.turn
         self.epochs += int(report.epoch)

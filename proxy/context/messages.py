@@ -98,7 +98,7 @@ def tool_names(messages: Sequence[Message]) -> dict[int, str]:
     return out
 
 
-def _call_ids(message: Message) -> list[str]:
+def call_ids(message: Message) -> list[str]:
     """The ids of an assistant message's tool calls, in order ([] when it calls nothing)."""
     calls = message.get("tool_calls")
     if message.get("role") != "assistant" or not isinstance(calls, list):
@@ -116,7 +116,7 @@ def units(messages: Sequence[Message]) -> list[tuple[int, int]]:
     spans: list[tuple[int, int]] = []
     i = 0
     while i < len(messages):
-        pending = _call_ids(messages[i])
+        pending = call_ids(messages[i])
         end = i + 1
         while pending and end < len(messages) and messages[end].get("role") == "tool":
             answered = str(messages[end].get("tool_call_id"))
@@ -133,23 +133,3 @@ def units(messages: Sequence[Message]) -> list[tuple[int, int]]:
 
 def _legacy_call(message: Message) -> bool:
     return message.get("role") == "assistant" and isinstance(message.get("function_call"), dict)
-
-
-def check_pairing(messages: Sequence[Message]) -> list[str]:
-    """Why an upstream would refuse this list's tool calls and results; [] when it would not."""
-    problems: list[str] = []
-    for start, end in units(messages):
-        first = messages[start]
-        if first.get("role") == "tool":
-            problems.append(
-                f"message {start}: tool result for call {first.get('tool_call_id')!r} "
-                "does not follow the assistant message that made the call"
-            )
-            continue
-        answered = [str(m.get("tool_call_id")) for m in messages[start + 1 : end]]
-        for call_id in _call_ids(first):
-            if call_id in answered:
-                answered.remove(call_id)
-            else:
-                problems.append(f"message {start}: call {call_id!r} has no result")
-    return problems

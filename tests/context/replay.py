@@ -8,44 +8,59 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+
+import orjson
 
 from proxy.config import load_settings
-from proxy.context.economics import Bill, bill, request_blocks
+from proxy.context.economics import Bill, Block, bill
 from proxy.context.journal import Journal
-from proxy.context.messages import check_pairing
 from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ClearPolicy, ModelInfo, Policy
 from proxy.context.tokens import REPLY_PRIMING, Counter
+from proxy.traces import Trace, load_trace, requests
+from tests.pairing import check_pairing
 
-TRACES = Path(__file__).resolve().parents[2] / "proxy" / "data" / "traces"
 TRACE_NAMES = ("sweagent_marshmallow-1867.json", "mini_django-11138.tools.json", "sweagent_text_pydicom-1458.json")
 # What marks a user message as tool output for SWE-agent's text mode: the shipped session file's pattern.
 TEXT_OBSERVATION = load_settings().policy_for("swe-agent-text-replay")[0].clear_tool_outputs.observation_patterns[0]
 
 
-def load(name: str) -> dict:
-    return json.loads((TRACES / name).read_text())
+def load(name: str) -> Trace:
+    return load_trace(name)
 
 
-def turns(trace: dict) -> Iterator[list[dict]]:
-    """The agent's k-th request: the messages before its k-th assistant message."""
-    messages = trace["messages"]
-    for i, message in enumerate(messages):
-        if message.get("role") == "assistant":
-            yield messages[:i]
+def turns(trace: Trace) -> Iterator[list[dict]]:
+    """The agent's k-th request: the messages before its k-th assistant message (`proxy.traces.requests`)."""
+    return (request for request, _answer in requests(trace))
+
+
+def agent(steps: int, output_tokens: int = 400, error_every: int = 0) -> list[dict]:
+    """A synthetic agent run: system, task, then per step an assistant call and its (distinct) tool output."""
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix the bug."}]
+    for k in range(steps):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}],
+            }
+        )
+        failed = error_every and k % error_every == 0
+        body = f"Error: step {k} failed" if failed else f"step {k} " + "x" * 4 * output_tokens
+        messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": body})
+    return messages
 
 
 def model(window: int, discount: float) -> ModelInfo:
     return ModelInfo(context_window=window, input_per_mtok=1.0, cached_input_per_mtok=discount)
 
 
-def policy_for(trace: dict, **overrides: object) -> Policy:
+def policy_for(trace: Trace, **overrides: object) -> Policy:
     """The default policy, plus the observation pattern for text-mode traces."""
     base = Policy(**overrides)  # type: ignore[arg-type]
-    if trace["messages"] and not any(m.get("role") == "tool" for m in trace["messages"]):
+    if trace.messages and not any(m.get("role") == "tool" for m in trace.messages):
         clear = replace(base.clear_tool_outputs, observation_patterns=(TEXT_OBSERVATION,))
         base = replace(base, clear_tool_outputs=clear)
     return base
@@ -62,23 +77,44 @@ class Run:
     direct_failures: int = 0
 
 
+def request_blocks(
+    messages: Sequence[dict], count: Sequence[int], tools: object = None, tools_tokens: int = 0
+) -> list[Block]:
+    """A request as cache blocks: the tools schema first (it precedes the messages in the prompt), then each message."""
+    blocks: list[Block] = [(orjson.dumps(tools), tools_tokens)] if tools else []
+    blocks.extend((orjson.dumps(m), n) for m, n in zip(messages, count, strict=True))
+    return blocks
+
+
 def _blocks(messages: list[dict], tools: list, counter: Counter) -> list:
     counts = [counter.count_message(m) for m in messages]
     return request_blocks(messages, counts, tools, counter.count_text(json.dumps(tools)) if tools else 0)
 
 
-def run(trace: dict, policy: Policy, info: ModelInfo, counter: Counter) -> Run:
-    """Replay every turn as the agent sent it; bill direct and proxied requests under `info`'s discount."""
-    tools = trace.get("tools") or None
+def run(
+    trace: Trace,
+    policy: Policy,
+    info: ModelInfo,
+    counter: Counter,
+    send: Callable[[list[dict]], list[dict]] | None = None,
+) -> Run:
+    """Replay every turn as the agent sent it; bill direct and proxied requests under `info`'s discount.
+
+    `send`, when given, stands in for the proxy (another tool's policy, replayed the same way): no outcomes.
+    """
+    tools = trace.tools
     result = Run()
     journal = Journal()
     direct = []
     usable = info.context_window - policy.reserve_output_tokens
     for request in turns(trace):
-        outcome = process(journal, request, tools=tools, policy=policy, model=info, counter=counter)
-        result.outcomes.append(outcome)
-        journal = outcome.journal
-        result.requests.append(outcome.messages)
+        if send is not None:
+            result.requests.append(send(request))
+        else:
+            outcome = process(journal, request, tools=tools, policy=policy, model=info, counter=counter)
+            result.outcomes.append(outcome)
+            journal = outcome.journal
+            result.requests.append(outcome.messages)
         blocks = _blocks(request, tools or [], counter)
         direct.append(blocks)
         if sum(n for _, n in blocks) + REPLY_PRIMING > usable:

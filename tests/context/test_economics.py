@@ -9,8 +9,8 @@ from proxy.context.economics import (
     epoch_pays,
     epoch_saving,
     expected_turns_to_come,
-    request_blocks,
 )
+from tests.context.replay import request_blocks
 
 
 def test_first_request_is_billed_in_full():

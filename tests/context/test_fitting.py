@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,26 @@ from proxy.context.fitting import (
     cut_oversized,
     fit_messages,
     omission_note,
-    oversized_cuts,
     oversized_limit,
     removable_units,
 )
-from proxy.context.messages import check_pairing, content_text
-from proxy.context.tokens import HeuristicCounter
+from proxy.context.messages import Message, content_text
+from proxy.context.tokens import Counter, HeuristicCounter
+from tests.pairing import check_pairing
 
 TRACES = Path(__file__).resolve().parents[2] / "proxy" / "data" / "traces"
 COUNTER = HeuristicCounter()
 NOTE_TOKENS = {n: COUNTER.count_message(omission_note(n)) for n in range(1, 1000)}
+
+
+def oversized_cuts(messages: Sequence[Message], counter: Counter, max_tokens: int) -> dict[int, Message]:
+    """Index → cut copy for every oversized message but the last (the one the model must answer)."""
+    cuts: dict[int, Message] = {}
+    for i, message in enumerate(messages[:-1]):
+        cut = cut_oversized(message, counter, max_tokens)
+        if cut is not None:
+            cuts[i] = cut
+    return cuts
 
 
 def sys(text: str = "rules") -> dict[str, Any]:

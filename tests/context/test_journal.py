@@ -5,7 +5,7 @@ import orjson
 from proxy.context import ClearPolicy, HeuristicCounter, ModelInfo, Policy
 from proxy.context.journal import CLEARED, Decision, Journal
 from proxy.context.pipeline import process
-from tests.context.test_pipeline import agent
+from tests.context.replay import agent
 
 COUNTER = HeuristicCounter()
 POLICY = Policy(clear_tool_outputs=ClearPolicy(keep_tokens=1000, keep_under=100, clear_at_least=500))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.context.messages import check_pairing, units
+from proxy.context.messages import units
+from tests.pairing import check_pairing
 
 
 def call(*ids: str, text: str = "") -> dict[str, Any]:

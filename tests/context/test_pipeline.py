@@ -8,30 +8,13 @@ import pytest
 from proxy.context import Capsule, CapsulePolicy, ClearPolicy, HeuristicCounter, ModelInfo, Policy
 from proxy.context.clearing import PLACEHOLDER
 from proxy.context.journal import Journal
-from proxy.context.messages import check_pairing
 from proxy.context.pipeline import process
-from tests.context.replay import TRACE_NAMES, load, model, policy_for, run, turns
+from tests.context.replay import TRACE_NAMES, agent, load, model, policy_for, run, turns
+from tests.pairing import check_pairing
 
 COUNTER = HeuristicCounter()
 POLICY = Policy(clear_tool_outputs=ClearPolicy(keep_tokens=1000, keep_under=100, clear_at_least=500))
 NO_CACHE = ModelInfo(context_window=128000, input_per_mtok=1.0, cached_input_per_mtok=1.0)
-
-
-def agent(steps: int, output_tokens: int = 400, error_every: int = 0) -> list[dict]:
-    """system, task, then per step an assistant call and its (distinct) tool output."""
-    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix the bug."}]
-    for k in range(steps):
-        messages.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [{"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}],
-            }
-        )
-        failed = error_every and k % error_every == 0
-        body = f"Error: step {k} failed" if failed else f"step {k} " + "x" * 4 * output_tokens
-        messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": body})
-    return messages
 
 
 def replay(messages: list[dict], policy: Policy = POLICY, info: ModelInfo = NO_CACHE, **kwargs):
@@ -163,7 +146,7 @@ def test_every_turn_of_every_trace_fits_a_32k_window_with_valid_pairing(name, re
     policy = policy_for(trace)
     result = run(trace, policy, info, real_counter)
     usable = info.context_window - policy.reserve_output_tokens
-    task = next(m for m in trace["messages"] if m["role"] == "user")
+    task = next(m for m in trace.messages if m["role"] == "user")
     unchanged = total = 0
     for request, outcome in zip(turns(trace), result.outcomes, strict=True):
         assert outcome.overflow is None
