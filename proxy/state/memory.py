@@ -24,11 +24,15 @@ class StoredTurn(Protocol):
 
     session: Session
     stats: TurnStats
+    journal_before: Any  # the journal the turn was prepared from
     stored_journal: Any  # the journal object the store last wrote for this turn (None: not yet)
     usage_stored: bool
 
     @property
     def model(self) -> str: ...
+
+    @property
+    def estimate(self) -> float: ...  # our uncorrected count of what was sent
 
     @property
     def calibration(self) -> Calibration: ...
