@@ -167,7 +167,9 @@ async def test_two_concurrent_turns_of_one_session_on_two_proxies_keep_one_journ
                 (key,) = stored.keys("context-proxy:session:*")
                 journal = orjson.loads(stored.hget(key, "s"))["journal"]
                 assert len(journal["tokens"]) == len(later), f"turn {k + 2} lost from the journal"
-                sent_later = next(r.body["messages"] for r in list(recorded)[-2:] if r.body["messages"][-1] == later[-1])
+                sent_later = next(
+                    r.body["messages"] for r in list(recorded)[-2:] if r.body["messages"][-1] == later[-1]
+                )
                 (_, _, following, _) = history[k + 2]
                 headers = await ask((a, b)[k // 2 % 2].port, session, following, tools)
                 if headers["x-context-epoch"] == "0":
