@@ -7,6 +7,7 @@ import logging
 import sys
 
 from proxy.config import DEFAULT_CONFIG, ConfigError, ConfigHolder, load_settings
+from proxy.logs import guard_handlers
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -14,6 +15,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def setup_logging(level: str = "INFO") -> None:
     """Log lines name routes, statuses and sizes; keys and prompt text never appear in them."""
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    guard_handlers(logging.getLogger())  # every line: control characters escaped, no client header bytes
     # aiohttp's client logs nothing useful at INFO; its access log is replaced by proxy.access.
     logging.getLogger("aiohttp").setLevel(max(logging.WARNING, logging.getLogger().level))
 
