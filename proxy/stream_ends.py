@@ -56,6 +56,11 @@ class StreamApi:
     name: str
     end: re.Pattern[bytes]
     error_event: Callable[[str, str, int | None], bytes]
+    words: tuple[bytes, ...]  # every match of `end` holds one: searched first (a regex alternation is slow)
+
+    def ends_in(self, data: bytes) -> bool:
+        """Whether `data` holds this API's end marker."""
+        return any(word in data for word in self.words) and self.end.search(data) is not None
 
 
 def _chat_error(message: str, code: str, sequence: int | None) -> bytes:
@@ -95,6 +100,7 @@ CHAT = StreamApi(
     "chat",
     re.compile(rb'"finish_reason"\s*:\s*"|data: ?\[DONE\][\r\n]|"error"\s*:\s*\{'),
     _chat_error,
+    (b"finish_reason", b"[DONE]", b'"error"'),
 )
 RESPONSES = StreamApi(
     "responses",
@@ -103,11 +109,13 @@ RESPONSES = StreamApi(
         rb"|event: ?(?:response\.(?:completed|failed|incomplete)|error)[\r\n]"
     ),
     _responses_error,
+    (b"response.completed", b"response.failed", b"response.incomplete", b"error"),
 )
 MESSAGES = StreamApi(
     "messages",
     re.compile(rb'"type"\s*:\s*"(?:message_stop|error)"|event: ?(?:message_stop|error)[\r\n]'),
     _messages_error,
+    (b"message_stop", b"error"),
 )
 STREAM_APIS = {api.name: api for api in (CHAT, RESPONSES, MESSAGES)}
 
@@ -138,10 +146,9 @@ class EndWatch:
         if self.ended:
             return
         if piece.whole:
-            self.ended = self.api.end.search(piece.data) is not None
+            self.ended = self.api.ends_in(piece.data)
             return
-        straddling = self._carry + piece.data[:_CARRY]
-        found = self.api.end.search(straddling) is not None or self.api.end.search(piece.data) is not None
+        found = self.api.ends_in(self._carry + piece.data[:_CARRY]) or self.api.ends_in(piece.data)
         self._in_long_event = self._in_long_event or found
         self._carry = (self._carry + piece.data[-_CARRY:])[-_CARRY:]
         if piece.complete:
