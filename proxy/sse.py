@@ -10,7 +10,7 @@ stream stays under `bound`, however long an event is.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 EVENT_ENDINGS = (b"\r\n\r\n", b"\n\n", b"\r\r")  # what EVENT_END finds, at a chunk's end
@@ -22,8 +22,7 @@ _OVERLAP = 3  # an event end is at most 4 bytes: this many of them may sit befor
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
+class Piece(NamedTuple):
     """Bytes to relay: one or more whole events (`whole`), or part of an event past the bound.
 
     `complete`: the piece ends where an event ends (always, for whole events).

@@ -51,16 +51,29 @@ _SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
 
 @dataclass(frozen=True)
 class StreamApi:
-    """One API's stream: the pattern of its end, and its error event (message, code, last sequence number)."""
+    """One API's stream: its end markers, and its error event (message, code, last sequence number).
+
+    Each marker starts with a literal: the literal is found with a plain search and the marker
+    tried there only (searching every event with a regex alternation costs 20 times more).
+    """
 
     name: str
-    end: re.Pattern[bytes]
+    markers: tuple[tuple[bytes, re.Pattern[bytes]], ...]  # (literal, the marker: that literal, then more)
     error_event: Callable[[str, str, int | None], bytes]
-    words: tuple[bytes, ...]  # every match of `end` holds one: searched first (a regex alternation is slow)
 
     def ends_in(self, data: bytes) -> bool:
-        """Whether `data` holds this API's end marker."""
-        return any(word in data for word in self.words) and self.end.search(data) is not None
+        """Whether `data` holds one of this API's end markers."""
+        for literal, marker in self.markers:
+            at = data.find(literal)
+            while at >= 0:
+                if marker.match(data, at):
+                    return True
+                at = data.find(literal, at + 1)
+        return False
+
+
+def _marker(literal: bytes, then: bytes) -> tuple[bytes, re.Pattern[bytes]]:
+    return literal, re.compile(re.escape(literal) + then)
 
 
 def _chat_error(message: str, code: str, sequence: int | None) -> bytes:
@@ -96,26 +109,21 @@ def _messages_error(message: str, code: str, sequence: int | None) -> bytes:
     return b"event: error\ndata: " + anthropic_error_body(message) + b"\n\n"
 
 
+_ENDS = rb"(?:response\.(?:completed|failed|incomplete)|error)"
 CHAT = StreamApi(
     "chat",
-    re.compile(rb'"finish_reason"\s*:\s*"|data: ?\[DONE\][\r\n]|"error"\s*:\s*\{'),
+    (_marker(b'"finish_reason"', rb'\s*:\s*"'), _marker(b"[DONE]", rb"[\r\n]"), _marker(b'"error"', rb"\s*:\s*\{")),
     _chat_error,
-    (b"finish_reason", b"[DONE]", b'"error"'),
 )
 RESPONSES = StreamApi(
     "responses",
-    re.compile(
-        rb'"type"\s*:\s*"(?:response\.(?:completed|failed|incomplete)|error)"'
-        rb"|event: ?(?:response\.(?:completed|failed|incomplete)|error)[\r\n]"
-    ),
+    (_marker(b'"type"', rb'\s*:\s*"' + _ENDS + b'"'), _marker(b"event:", rb" ?" + _ENDS + rb"[\r\n]")),
     _responses_error,
-    (b"response.completed", b"response.failed", b"response.incomplete", b"error"),
 )
 MESSAGES = StreamApi(
     "messages",
-    re.compile(rb'"type"\s*:\s*"(?:message_stop|error)"|event: ?(?:message_stop|error)[\r\n]'),
+    (_marker(b'"type"', rb'\s*:\s*"(?:message_stop|error)"'), _marker(b"event:", rb" ?(?:message_stop|error)[\r\n]")),
     _messages_error,
-    (b"message_stop", b"error"),
 )
 STREAM_APIS = {api.name: api for api in (CHAT, RESPONSES, MESSAGES)}
 

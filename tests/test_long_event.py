@@ -16,11 +16,11 @@ import aiohttp
 import openai
 import orjson
 import pytest
-from aiohttp import web
 
 from bench.long_event import END, FIRST, HEAD, TAIL, WRITE, answer_size, long_answer
 from tests.conftest import RecordingService
-from tests.harness import Rig, start_rig
+from tests.harness import Rig
+from tests.streams import rig_before
 
 BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Write a lot."}], "stream": True}
 
@@ -34,13 +34,7 @@ def rss_bytes() -> int:
 
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    app = web.Application()
-    app.router.add_post("/{tail:.*}", long_answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    rig = await start_rig(upstream_url=f"http://127.0.0.1:{runner.addresses[0][1]}/v1", context=RecordingService())
-    rig.extra.append(runner)
+    rig = await rig_before(long_answer, context=RecordingService())
     yield rig
     await rig.close()
 
