@@ -19,7 +19,8 @@ from typing import Any
 
 from bench.stats import table
 from proxy.context.clearing import PLACEHOLDER
-from proxy.context.messages import compile_patterns, content_text, is_tool_output
+from proxy.context.messages import content_text, is_tool_output
+from proxy.context.patterns import compile_patterns
 from proxy.context.recall import message_tokens, specific_tokens
 from proxy.context.tokens import Counter
 from proxy.traces import Trace, load_trace

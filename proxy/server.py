@@ -81,7 +81,13 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 async def healthz(request: web.Request) -> web.Response:
     holder = request.app[HOLDER]
-    status = {"status": "ok", "config_error": holder.last_error}
+    state_problem = request.app[CONTEXT].state_problem()
+    status = {
+        "status": "ok",
+        "config_error": holder.last_error,
+        "state": "degraded" if state_problem else "ok",
+        "state_error": state_problem,
+    }
     return web.Response(body=orjson.dumps(status), content_type="application/json")
 
 
@@ -233,9 +239,17 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0
         shutdown_timeout=1.0,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:  # port taken, address not ours, host unknown: one line, nothing left open
+        await runner.cleanup()
+        reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
+        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from exc
     return runner, runner.addresses[0][1]
+
+
+class ListenError(OSError):
+    """The address to serve on cannot be bound."""
 
 
 async def _serve_until_stopped(holder: ConfigHolder, host: str, port: int, context: ContextService | None) -> None:
