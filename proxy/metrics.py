@@ -161,12 +161,14 @@ class Histogram(_Metric):
 class Registry:
     """Every metric of the process, rendered together for `GET /metrics`."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "", process_metrics: bool = False) -> None:
         self._metrics: dict[str, _Metric] = {}
+        self.prefix = prefix  # every name must start with it
+        self.process_metrics = process_metrics
 
     def _register(self, cls: type, name: str, help: str, labels: Iterable[str], **kwargs: object) -> _Metric:
-        if not name.startswith(PREFIX):
-            raise ValueError(f"metric {name}: every metric of the proxy is named {PREFIX}*")
+        if not name.startswith(self.prefix):
+            raise ValueError(f"metric {name}: every metric of this registry is named {self.prefix}*")
         existing = self._metrics.get(name)
         if existing is not None:
             if type(existing) is not cls or existing.label_names != tuple(labels):
@@ -191,7 +193,8 @@ class Registry:
         lines: list[str] = []
         for name in sorted(self._metrics):
             lines.extend(self._metrics[name].render())
-        return "\n".join(lines) + "\n" + prometheus_client.generate_latest(_PROCESS).decode()
+        process = prometheus_client.generate_latest(_PROCESS).decode() if self.process_metrics else ""
+        return "\n".join(lines) + "\n" + process
 
 
-METRICS = Registry()
+METRICS = Registry(PREFIX, process_metrics=True)
