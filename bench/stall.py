@@ -21,7 +21,7 @@ import orjson
 
 from bench.convo import Conversation
 from bench.procs import spawn
-from proxy import server
+from proxy import rewrite, server
 from proxy.config import ConfigHolder, load_settings
 from proxy.service import build_context_service
 
@@ -52,12 +52,12 @@ async def _max_gap(client: aiohttp.ClientSession, url: str, big: bytes, tag: str
 
 async def run_stall(rounds: int = 3, size: int = SIZE) -> dict[str, Any]:
     sim = spawn("sim", "--chunks", "60")
-    shipped = server.OFFLOAD_BYTES
+    shipped = rewrite.OFFLOAD_BYTES
     result: dict[str, Any] = {"pacing_ms": PACING_MS, "tokens": size, "rounds": rounds}
     try:
         async with aiohttp.ClientSession() as client:
             for mode, offload in (("worker thread", shipped), ("inline", 10**15)):
-                server.OFFLOAD_BYTES = offload
+                rewrite.OFFLOAD_BYTES = offload
                 holder = ConfigHolder(load_settings(upstream_url=sim.url), upstream_url=sim.url)
                 runner, port = await server.start(holder, context=build_context_service(holder))
                 try:
@@ -72,7 +72,7 @@ async def run_stall(rounds: int = 3, size: int = SIZE) -> dict[str, Any]:
                 finally:
                     await runner.cleanup()
     finally:
-        server.OFFLOAD_BYTES = shipped
+        rewrite.OFFLOAD_BYTES = shipped
         sim.stop()
     return result
 

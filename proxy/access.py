@@ -142,20 +142,26 @@ def _without(headers: CIMultiDict[str], name: str) -> CIMultiDict[str]:
     return out
 
 
-def access_middleware(holder: ConfigHolder) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """The aiohttp middleware: install it after server.py's `observe`, so refusals are counted."""
+class AccessMiddleware:
+    """The aiohttp middleware: install it after server.py's `observe`, so refusals are counted.
 
-    @web.middleware
-    async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
-        verdict = check_request(request, holder.settings)
+    A callable object rather than a `@web.middleware` function: aiohttp 3 reads the marker below,
+    aiohttp 4 takes any such callable (and deprecates the decorator).
+    """
+
+    __middleware_version__ = 1
+
+    def __init__(self, holder: ConfigHolder) -> None:
+        self.holder = holder
+
+    async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        settings = self.holder.settings
+        verdict = check_request(request, settings)
         if isinstance(verdict, web.Response):
             return verdict
-        presented = _presented_key(request.headers) if access_keys(holder.settings) else ""
+        presented = _presented_key(request.headers) if access_keys(settings) else ""
         if verdict is not None:
             request = request.clone(headers=verdict)
         if presented:
             request[CLIENT_CREDENTIAL] = presented.strip()  # sessions are scoped by who the client is
         return await handler(request)
-
-    access.is_access_middleware = True  # type: ignore[attr-defined]
-    return access

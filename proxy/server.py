@@ -8,93 +8,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from multidict import CIMultiDict
 
-from proxy.access import CLIENT_CREDENTIAL, access_middleware, admin_denied, authorization_token, exposure_problem
-from proxy.config import ConfigHolder, Settings
-from proxy.dialects import CHAT, DIALECTS, Dialect
-from proxy.errors import BodyTooLarge, InvalidRequest, ProxyError, UpstreamError, error_response
+from proxy.access import (
+    AccessMiddleware,
+    Handler,
+    admin_denied,
+    exposure_problem,
+)
+from proxy.app_keys import CONTEXT, ENGINE_THREAD, HOLDER, PARSES_BODIES, UPSTREAM
+from proxy.config import ConfigHolder
+from proxy.connections import ConnectionGuard, GuardedSite, raise_file_limit
+from proxy.errors import InvalidRequest, ProxyError, UpstreamError, error_response
+from proxy.logs import AcceptFailures, guarded_logger
 from proxy.metrics import METRICS
-from proxy.relay import read_head, relay
-from proxy.seam import BodyParser, ContextService, PassthroughService, PassthroughTurn, PreparedTurn
+from proxy.relay import relay
+from proxy.request_body import BODY_BUDGET, BodyBudget, StreamedBody, max_body, too_large
+from proxy.rewrite import REWRITE_ROUTES, ROUTE_DIALECTS
+from proxy.seam import BodyParser, ContextService, PassthroughService
+from proxy.stream_ends import api_for_path
 from proxy.upstream import Upstream
 
 log = logging.getLogger("proxy.server")
 
-HOLDER = web.AppKey("holder", ConfigHolder)
-CONTEXT = web.AppKey("context", ContextService)
-UPSTREAM = web.AppKey("upstream", Upstream)
-ENGINE_THREAD = web.AppKey("engine_thread", ThreadPoolExecutor)
-PARSES_BODIES = web.AppKey("parses_bodies", bool)
-
-# Chat bodies at least this large are prepared on the engine's worker thread instead of the event
-# loop: a cold 200k-token conversation costs ~80 ms of CPU, much of it in tiktoken, which releases
-# the GIL, so other streams keep flowing meanwhile. Smaller bodies stay inline (a thread hop costs more).
-OFFLOAD_BYTES = 256 * 1024
 
 RELOAD_INTERVAL_S = 1.0
-ERROR_PEEK_BYTES = 64 * 1024  # an upstream 400 is read this far to see if it is a context overflow
-
 REQUESTS = METRICS.counter("context_proxy_requests_total", "Requests by route and status", ["route", "status"])
-ENGINE_ERRORS = METRICS.counter(
-    "context_proxy_engine_errors_total", "Chat requests forwarded unchanged because the engine failed"
-)
-
-
-def _max_body(settings: Settings) -> int:
-    return int(settings.server.max_body_mb * 1024 * 1024)
-
-
-def _too_large(settings: Settings) -> BodyTooLarge:
-    return BodyTooLarge(f"Request body too large: the limit is {settings.server.max_body_mb:g} MB.")
-
-
-async def read_body(request: web.Request, settings: Settings) -> bytes:
-    """The whole body, refused as soon as it passes the limit (declared or counted), never read beyond it."""
-    limit = _max_body(settings)
-    if request.content_length is not None and request.content_length > limit:
-        raise _too_large(settings)
-    body = bytearray()
-    async for chunk in request.content.iter_any():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(settings)
-    return bytes(body)
-
-
-class _StreamedBody:
-    """The client's body as it arrives, for the upstream to read; counts it against the limit."""
-
-    def __init__(self, request: web.Request, settings: Settings) -> None:
-        self.request, self.settings = request, settings
-        self.too_large: BodyTooLarge | None = None
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        total, limit = 0, _max_body(self.settings)
-        async for chunk in self.request.content.iter_any():
-            total += len(chunk)
-            if total > limit:
-                self.too_large = _too_large(self.settings)
-                raise self.too_large
-            yield chunk
-
-
-def _credential(request: web.Request) -> str:
-    """Who the client is, for session scoping: its proxy access key (if any) and its upstream bearer token."""
-    proxy_key = request.get(CLIENT_CREDENTIAL)
-    token = authorization_token(request.headers)
-    return f"{proxy_key}\n{token}" if proxy_key else token
 
 
 def _upstream_tail(request: web.Request) -> str | None:
@@ -107,111 +53,15 @@ def _upstream_tail(request: web.Request) -> str | None:
     return raw[len("/v1/") :]
 
 
-def _parse_and_prepare(context: Any, parses: bool, dialect: Dialect, raw: bytes, **request: Any) -> Any:
-    """Validate the body and let the engine prepare the turn (`parses`: the service parses chat bodies itself)."""
-    if parses and dialect is CHAT:
-        parsed = context.parse_body(raw, **request)
-        return context.prepare(**request, body=parsed.body, digests=parsed.digests)
-    body = dialect.parse(raw)
-    if dialect is CHAT:  # a service that knows only chat takes the seam's original call
-        return context.prepare(**request, body=body)
-    return context.prepare(**request, body=body, dialect=dialect)
-
-
-async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> PreparedTurn:
-    """The engine's turn; a `ProxyError` (a malformed body, a request that cannot fit) goes to the client."""
-    work = functools.partial(
-        _parse_and_prepare,
-        request.app[CONTEXT],
-        request.app[PARSES_BODIES],
-        dialect,
-        raw,
-        path_session=request.match_info.get("session"),
-        headers=request.headers,
-        credential=_credential(request),
-    )
-    try:
-        if len(raw) >= OFFLOAD_BYTES:  # a big conversation's parse and engine work must not hold other streams
-            turn = await asyncio.get_running_loop().run_in_executor(request.app[ENGINE_THREAD], work)
-        else:
-            turn = work()
-    except ProxyError:
-        raise
-    except Exception as exc:  # an engine bug must not cost the user the answer: forward as sent
-        ENGINE_ERRORS.inc()
-        log.error("context engine failed (%s); forwarding the request unchanged", type(exc).__name__)
-        log.debug("context engine failure", exc_info=True)
-        return PassthroughTurn(body=dialect.parse(raw))
-    return turn
-
-
-async def _send(
-    request: web.Request, dialect: Dialect, turn: PreparedTurn, raw: bytes
-) -> tuple[aiohttp.ClientResponse, bytes]:
-    """Send the turn; on a context overflow let the engine refit once, before the client saw a byte."""
-    upstream = request.app[UPSTREAM]
-    headers = CIMultiDict(request.headers)
-    headers["Content-Type"] = "application/json"
-    body, retried = turn.body, False
-    while True:
-        try:
-            data = raw if not retried and turn.unchanged else orjson.dumps(body)
-        except orjson.JSONEncodeError as exc:  # orjson reads deeper nesting than it writes
-            raise InvalidRequest(f"The request body cannot be forwarded: {exc}.", None, "invalid_body") from exc
-        response = await upstream.send(
-            "POST",
-            dialect.upstream_path,
-            query_string=request.query_string,
-            headers=headers,
-            body=data,
-            route=dialect.name,
-            identity=True,
-        )
-        if response.status != 400 or retried:
-            return response, b""
-        try:
-            head = await read_head(response, ERROR_PEEK_BYTES)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            response.close()
-            raise UpstreamError("The upstream broke off its error response.", code="upstream_broken") from exc
-        tokens = dialect.overflow_tokens(response.status, head)
-        refitted = turn.refit(tokens) if tokens is not None else None
-        if refitted is None:
-            return response, head
-        log.info("upstream reported %d prompt tokens over the window; retrying once re-fitted", tokens)
-        response.release()
-        body, retried = refitted, True
-
-
-async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
-    """A rewritten route (one per dialect): validate, let the engine prepare the turn, forward, relay."""
-    raw = await read_body(request, request.app[HOLDER].settings)
-    turn = await _prepare(request, dialect, raw)
-    response, head = await _send(request, dialect, turn, raw)
-    return await relay(request, response, turn=turn, route=dialect.name, prefix=head)
-
-
-def _rewrite_route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await rewrite(request, dialect)
-
-    handler.__doc__ = f"POST /v1/{dialect.upstream_path}, rewritten by the engine."
-    return handler
-
-
-_REWRITE_ROUTES = {dialect: _rewrite_route(dialect) for dialect in DIALECTS}
-_ROUTE_DIALECTS = {handler: dialect for dialect, handler in _REWRITE_ROUTES.items()}
-
-
 async def passthrough(request: web.Request) -> web.StreamResponse:
     """Every other /v1/* route: any method, query kept, bodies streamed both ways untouched."""
     settings = request.app[HOLDER].settings
     tail = _upstream_tail(request)
     if tail is None:
         raise InvalidRequest("Dot segments are not allowed in the path.", code="invalid_path")
-    if request.content_length is not None and request.content_length > _max_body(settings):
-        raise _too_large(settings)
-    body = _StreamedBody(request, settings) if request.body_exists else None
+    if request.content_length is not None and request.content_length > max_body(settings):
+        raise too_large(settings)
+    body = StreamedBody(request, settings) if request.body_exists else None
     # aiohttp decodes a compressed body as it reads it: that goes on decoded, its length unknown.
     length = None if "Content-Encoding" in request.headers else request.content_length
     try:
@@ -225,15 +75,21 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             route="passthrough",
         )
     except UpstreamError:
-        if body is not None and body.too_large:  # the upstream saw the body cut off because it was too large
-            raise body.too_large from None
+        if body is not None and body.failure:  # the upstream saw the body cut off: too large, or stalled
+            raise body.failure from None
         raise
-    return await relay(request, response, route="passthrough")
+    return await relay(request, response, route="passthrough", api=api_for_path(request.method, tail))
 
 
 async def healthz(request: web.Request) -> web.Response:
     holder = request.app[HOLDER]
-    status = {"status": "ok", "config_error": holder.last_error}
+    state_problem = request.app[CONTEXT].state_problem()
+    status = {
+        "status": "ok",
+        "config_error": holder.last_error,
+        "state": "degraded" if state_problem else "ok",
+        "state_error": state_problem,
+    }
     return web.Response(body=orjson.dumps(status), content_type="application/json")
 
 
@@ -259,7 +115,7 @@ async def sessions(request: web.Request) -> web.Response:
 
 
 _ROUTE_LABELS: dict[Callable, str] = {
-    **{handler: d.upstream_path.replace("/", "_") for d, handler in _REWRITE_ROUTES.items()},
+    **{handler: d.upstream_path.replace("/", "_") for d, handler in REWRITE_ROUTES.items()},
     passthrough: "passthrough",
     healthz: "healthz",
     metrics: "metrics",
@@ -267,9 +123,20 @@ _ROUTE_LABELS: dict[Callable, str] = {
 }
 
 
-@web.middleware
-async def observe(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-    """Count every request by route and status; answer the proxy's own errors and aiohttp's in OpenAI's shape."""
+class Observe:
+    """Count every request by route and status; answer the proxy's own errors and aiohttp's in the API's shape.
+
+    A callable object rather than a `@web.middleware` function: aiohttp 3 reads the marker below,
+    aiohttp 4 takes any such callable (and deprecates the decorator).
+    """
+
+    __middleware_version__ = 1
+
+    async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        return await _observed(request, handler)
+
+
+async def _observed(request: web.Request, handler: Handler) -> web.StreamResponse:
     label = _ROUTE_LABELS.get(request.match_info.handler, "unmatched")
     status = "499"  # the client went away before an answer
     try:
@@ -278,7 +145,7 @@ async def observe(request: web.Request, handler: Callable[[web.Request], Awaitab
         return response
     except ProxyError as exc:
         status = str(exc.status)
-        dialect = _ROUTE_DIALECTS.get(request.match_info.handler)
+        dialect = ROUTE_DIALECTS.get(request.match_info.handler)
         return exc.response(dialect.error_body if dialect is not None else None)
     except web.HTTPException as exc:
         status = str(exc.status)
@@ -293,12 +160,16 @@ async def observe(request: web.Request, handler: Callable[[web.Request], Awaitab
 
 
 async def _reload_config(holder: ConfigHolder) -> None:
+    failing = ""  # the same failure each second (out of descriptors, say) is logged once, not every time
     while True:
         await asyncio.sleep(RELOAD_INTERVAL_S)
         try:
             await asyncio.to_thread(holder.reload_if_changed)
-        except Exception:
-            log.exception("config reload failed")
+            failing = ""
+        except Exception as exc:
+            if repr(exc) != failing:
+                log.exception("config reload failed")
+            failing = repr(exc)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -318,7 +189,7 @@ def create_app(
 ) -> web.Application:
     """The proxy as an aiohttp app; without `context` chat bodies pass unchanged. The app owns `upstream`."""
     app = web.Application(
-        middlewares=[observe, access_middleware(holder)], client_max_size=_max_body(holder.settings) + 1
+        middlewares=[Observe(), AccessMiddleware(holder)], client_max_size=max_body(holder.settings) + 1
     )
     app[HOLDER] = holder
     app[CONTEXT] = context if context is not None else PassthroughService()
@@ -326,9 +197,10 @@ def create_app(
     app[UPSTREAM] = upstream if upstream is not None else Upstream(holder)
     # One worker: engine turns on it run one at a time, and each session's lock orders it with the loop.
     app[ENGINE_THREAD] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="context-engine")
+    app[BODY_BUDGET] = BodyBudget(int(holder.settings.server.body_budget_mb * 1024 * 1024))
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
-    for dialect, handler in _REWRITE_ROUTES.items():
+    for dialect, handler in REWRITE_ROUTES.items():
         router.add_post(f"/v1/{dialect.upstream_path}", handler)
         router.add_post(f"/s/{{session}}/v1/{dialect.upstream_path}", handler)
     router.add_route("*", "/v1/{tail:.*}", passthrough)
@@ -365,24 +237,39 @@ async def start(
 
 
 async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
-    """Serve an app from `create_app` the way the proxy runs: handlers cancelled on disconnect, paths-only log."""
+    """Serve an app from `create_app` the way the proxy runs: handlers cancelled on disconnect, paths-only log,
+    connections limited and timed (proxy/connections.py)."""
+    server = app[HOLDER].settings.server
     runner = web.AppRunner(
         app,
         handler_cancellation=True,  # a client that hangs up cancels its handler, and so its upstream request
         access_log_class=PathAccessLogger,
-        access_log=logging.getLogger("proxy.access"),
+        access_log=guarded_logger("proxy.access"),
+        logger=guarded_logger("proxy.http"),  # aiohttp's protocol errors, without the client's bytes
+        keepalive_timeout=server.keepalive_timeout_s,
         shutdown_timeout=1.0,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        guard = ConnectionGuard(server.max_connections, server.header_timeout_s)
+        await GuardedSite(runner, host, port, guard).start()
+    except OSError as exc:  # port taken, address not ours, host unknown: one line, nothing left open
+        await runner.cleanup()
+        reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
+        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from exc
     return runner, runner.addresses[0][1]
 
 
+class ListenError(OSError):
+    """The address to serve on cannot be bound."""
+
+
 async def _serve_until_stopped(holder: ConfigHolder, host: str, port: int, context: ContextService | None) -> None:
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(AcceptFailures(loop))  # out of descriptors: one line per interval, with a count
+    raise_file_limit(holder.settings.server.max_connections)
     runner, bound = await start(holder, host, port, context=context)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)

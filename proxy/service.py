@@ -28,7 +28,7 @@ from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
 from proxy.seam import PassthroughTurn
 from proxy.sessions import SESSION_HEADER, Session, TurnStats, header_value, scoped_key, session_id_for, visible_id
-from proxy.state import SessionStore
+from proxy.state import SessionStore, store_from_config
 from proxy.tokens import TokenCounter, counter_for
 
 _POLICY = ("policy",)
@@ -82,8 +82,18 @@ class _Inputs:
 class EngineTurn:
     """One prepared request (`proxy.seam.PreparedTurn`): the body to send and what to learn from the answer."""
 
-    def __init__(self, service: EngineService, session: Session, inputs: _Inputs, body: dict, journal: Journal) -> None:
-        self.service = service
+    def __init__(
+        self,
+        session: Session,
+        inputs: _Inputs,
+        body: dict,
+        journal: Journal,
+        *,
+        store: SessionStore,
+        calibration: Calibration,
+    ) -> None:
+        self.store = store  # where the session is saved after each change
+        self.calibration = calibration  # what the upstream's usage teaches about our counts
         self.session = session
         self.inputs = inputs
         self.client_body = body
@@ -95,10 +105,16 @@ class EngineTurn:
         self.stats = TurnStats()
         self.outcome: Outcome | None = None
         self.correction = 1.0
+        self.stored_journal: Journal | None = None  # what the session store last wrote for this turn
+        self.usage_stored = False
 
     @property
     def dialect(self) -> Dialect:
         return self.inputs.dialect
+
+    @property
+    def model(self) -> str:
+        return self.inputs.conversation.model
 
     @property
     def estimate(self) -> float:
@@ -121,14 +137,14 @@ class EngineTurn:
         self.stats.report = outcome.report
         self.stats.model = self.inputs.conversation.model
         self.stats.retried = retried
-        self.service.store.save(self.session)
+        self.store.save(self.session)
 
     def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None:
         usage = self.dialect.usage(payloads)
         if usage is None or self.outcome is None or self.stats.prompt_tokens is not None:
             return
         report, model = self.outcome.report, self.inputs.model
-        self.service.calibration.learn(self.inputs.conversation.model, usage.prompt, self.estimate)
+        self.calibration.learn(self.inputs.conversation.model, usage.prompt, self.estimate)
         # The unedited request, scaled by the same upstream/estimate ratio; its cache would have held
         # the previous turn's unedited prompt (a client that only appends never breaks its own prefix).
         scale = usage.prompt / report.tokens_after if report.tokens_after else 1.0
@@ -148,7 +164,21 @@ class EngineTurn:
         COST.inc(stats.cost_usd, policy=policy, route="proxied")
         COST.inc(stats.direct_cost_usd, policy=policy, route="direct")
         SAVED.inc(stats.direct_cost_usd - stats.cost_usd, policy=policy)
-        self.service.store.save(self.session)
+        self.store.save(self.session)
+
+    async def commit(self) -> None:
+        """Write the turn to the session store: before it is sent (a shared store may re-run it), and its usage."""
+        await self.store.commit(self)
+
+    def realign(self) -> None:
+        """Another process wrote this session first: run the turn again on the journal it left."""
+        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction)
+        with self.session.lock:
+            self.journal_before = self.session.journal
+            outcome = self.inputs.run(self.journal_before, correction)
+            if outcome.overflow:
+                raise ContextOverflow(outcome.overflow.message())
+            self.apply(outcome, correction)
 
     def refit(self, reported_prompt_tokens: int) -> dict | None:
         """Re-run the turn from the journal as it was before it, with our count scaled to the upstream's."""
@@ -157,7 +187,7 @@ class EngineTurn:
         learned = refit_correction(reported_prompt_tokens, self.estimate)
         self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
-        correction = self.service.correction_for(self.session, self.inputs.conversation.model)
+        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction)
         with self.session.lock:
             outcome = self.inputs.run(self.journal_before, correction)
             self.stats.retried = True
@@ -223,19 +253,19 @@ class EngineService:
         session = self.store.get(scoped_key(session_id, credential))
         with session.lock:
             session.policy = policy.name
-            correction = self.correction_for(session, conversation.model)
+            correction = self.calibration.correction(conversation.model, session.correction)
             outcome = inputs.run(session.journal, correction)
             if outcome.overflow:
                 raise ContextOverflow(outcome.overflow.message())
-            turn = EngineTurn(self, session, inputs, body, journal=session.journal)
+            turn = EngineTurn(session, inputs, body, session.journal, store=self.store, calibration=self.calibration)
             session.add_turn(turn.stats)
             turn.apply(outcome, correction)
-        self._count(policy.name, outcome)
+        self._record_metrics(policy.name, outcome)
         return turn
 
-    def correction_for(self, session: Session, model: str) -> float:
-        """The model's learned ratio, never below what a retry taught this session."""
-        return self.calibration.correction(model, session.correction)
+    def state_problem(self) -> str | None:
+        """Why the session store is degraded (`/healthz` "state"), or None."""
+        return self.store.problem
 
     def sessions_json(self) -> list[dict[str, Any]]:
         """`GET /sessions`: one row per session in memory, most recent first; no message text."""
@@ -249,7 +279,7 @@ class EngineService:
             session = max(named, key=lambda s: s.last_seen, default=None)
         return session.to_dict() if session is not None else None
 
-    def _count(self, policy: str, outcome: Outcome) -> None:
+    def _record_metrics(self, policy: str, outcome: Outcome) -> None:
         report = outcome.report
         TOKENS_BEFORE.inc(report.tokens_before, policy=policy)
         TOKENS_AFTER.inc(report.tokens_after, policy=policy)
@@ -260,4 +290,4 @@ class EngineService:
 
 def build_context_service(holder: ConfigHolder) -> EngineService:
     """The service a server runs by default: sessions bounded and stored as `[state]` says."""
-    return EngineService(holder, SessionStore.from_config(holder.settings.state))
+    return EngineService(holder, store_from_config(holder.settings.state))

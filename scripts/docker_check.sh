@@ -102,9 +102,11 @@ check "the image's user is non-root ($($DOCKER image inspect -f '{{.Config.User}
 # What the daemon receives as the build context: copied out through a throwaway build FROM scratch.
 if printf 'FROM scratch\nCOPY . /\n' | DOCKER_BUILDKIT=1 $DOCKER build -q -f - -o "type=local,dest=$WORK/context" "$REPO" \
     >/dev/null 2>&1; then
-    extra=$(cd "$WORK/context" && find . -mindepth 1 \( -maxdepth 1 -not -name proxy -not -name pyproject.toml \
-        -not -name README.md \) -o -name __pycache__ -o -name '*.pyc')
-    check "the build context is pyproject.toml, README.md and proxy/ ($(du -sh "$WORK/context" | cut -f1)), no tests, bench or caches" \
+    kept=$(cd "$WORK/context" && find . -mindepth 1 -maxdepth 1 -printf '%f ')
+    extra=$(cd "$WORK/context" && find . -mindepth 1 \( -maxdepth 1 \( -name tests -o -name bench -o -name docs \
+        -o -name scripts -o -name .git -o -name .ci -o -name '.*cache' -o -name .hypothesis -o -name .benchmarks \
+        -o -name build -o -name dist \) \) -o -name __pycache__ -o -name '*.pyc' -o -name '*.sqlite*')
+    check "the build context ($(du -sh "$WORK/context" | cut -f1): $kept) has no tests, bench, docs or caches" \
         test -z "$extra" || echo "      also sent: $extra"
 else
     fail "the build context can be listed"

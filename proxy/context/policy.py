@@ -9,7 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-TRUNCATIONS = ("truncate_left", "truncate_right", "middle_out", "error")
+from proxy.context.patterns import pattern_problem
+from proxy.context.window import TruncationStrategy
+
+# The seed's strategies, and `error`: answer 400 instead of removing anything.
+TRUNCATIONS = (*(strategy.value for strategy in TruncationStrategy), "error")
 
 DEFAULT_ERROR_PATTERNS = (r"^\s*Error", r"^\s*error:", r"^\s*Traceback")
 
@@ -19,7 +23,8 @@ class ClearPolicy:
     enabled: bool = True
     # Measured on the packaged traces (tests/context/replay.py): smaller is cheaper at every cache
     # discount; the pipeline never clears outputs among the last six messages, whatever these say.
-    keep_tokens: int = 2000
+    # 1000 (was 2000) once outputs in use are spared: as cheap, and loses less (bench/quality.py).
+    keep_tokens: int = 1000
     keep_under: int = 100
     clear_at_least: int = 1000
     errors_keep_under: int | None = 1000
@@ -27,6 +32,10 @@ class ClearPolicy:
     error_patterns: tuple[str, ...] = DEFAULT_ERROR_PATTERNS
     # Regexes that mark *user* messages as tool output (text-mode agents).
     observation_patterns: tuple[str, ...] = ()
+    # Outputs holding a name, path or number the agent quoted in its last `in_use_turns` messages stay,
+    # the newest first, up to `in_use_tokens` of them (either 0 = off).
+    in_use_turns: int = 6
+    in_use_tokens: int = 8000
 
 
 @dataclass(frozen=True)
@@ -97,4 +106,7 @@ def policy_from_dict(data: dict[str, Any], name: str = "default") -> Policy:
         raise ValueError(f"policy.truncation must be one of {', '.join(TRUNCATIONS)}, not {policy.truncation!r}")
     if not 0 < policy.low_water <= policy.high_water <= 1:
         raise ValueError("policy needs 0 < low_water <= high_water <= 1")
+    for key in ("observation_patterns", "error_patterns"):  # refused at load, never a slow search per request
+        if problem := pattern_problem(getattr(policy.clear_tool_outputs, key)):
+            raise ValueError(f"clear_tool_outputs.{key}: {problem}")
     return policy

@@ -1,0 +1,17 @@
+"""What a proxy app holds, by typed key: shared by the routes in `server.py` and `rewrite.py`."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from aiohttp import web
+
+from proxy.config import ConfigHolder
+from proxy.seam import ContextService
+from proxy.upstream import Upstream
+
+HOLDER = web.AppKey("holder", ConfigHolder)
+CONTEXT = web.AppKey("context", ContextService)
+UPSTREAM = web.AppKey("upstream", Upstream)
+ENGINE_THREAD = web.AppKey("engine_thread", ThreadPoolExecutor)
+PARSES_BODIES = web.AppKey("parses_bodies", bool)

@@ -1,0 +1,225 @@
+"""What the agent uses: the specific tokens of its messages, and which outputs hold them (SPEC §9).
+
+Specific tokens are identifiers and paths of 4 characters or more and numbers of 2 digits or
+more, minus common words: the names, files and line numbers an agent reads in a tool output
+and writes back in its next call. The quality benchmark (`bench/quality.py`) counts the ones
+an edit removed; the clearing planner keeps the outputs the agent has been quoting; the live
+counters (`RecallIndex`) count uses of what only removed content held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.context.messages import Message, content_text
+
+_CHUNK = re.compile(r"[\w./-]+")
+_PARTS = re.compile(r"[./-]+")
+_LETTER = re.compile(r"[^\W\d]")
+_LEADING_DIGITS = re.compile(r"\d+")
+
+# Words of prose, Python and the shell too common to tell one output from another.
+_COMMON_WORDS = """
+able about above after again against also always another anything args around assert async available await
+back bash because been before being below best better between bool both break bytes call called calls change
+changed changes check class code command commands continue could current default dict does doing done down
+each echo either elif else empty error errors even every exact example except exists expected fail failed
+fails false file files finally find first fixed following found from function further gets given global going
+good grep have head here however import init instead into isinstance issue itself just keep know kwargs lambda
+last least less let's like line lines list look looking looks made main make makes many maybe method more most
+much must name need needed needs never next none nonlocal note nothing number object only open other output
+over pass passed path print problem properly python python3 raise range really result return returncode
+returns right same seems self should show shows similar since some something stderr stdout still such super
+sure tail take test test_ tested testing tests than that their them then there these they thing think this
+those though thought through time true tuple type under until update updated used uses using value values very
+want well were what when where whether which while will with within without work works would write wrong yield
+your
+"""
+COMMON = frozenset(_COMMON_WORDS.split())
+
+
+def _specific(word: str) -> bool:
+    """A number of 2+ digits, or a code-like word of 4+ characters: a path or dotted name, or an identifier
+    with `_`, a digit, an inner capital or all capitals. Plain words (`array`, `Convert`) are prose."""
+    if word.isdigit():
+        return len(word) >= 2
+    if len(word) < 4 or not _LETTER.search(word) or word.lower() in COMMON:
+        return False
+    return not (word.isalpha() and (word.islower() or word[1:].islower()))
+
+
+def specific_tokens(text: str) -> frozenset[str]:
+    """The distinct specific tokens of `text`: whole paths and dotted names, and their specific parts."""
+    found: set[str] = set()
+    for chunk in _CHUNK.findall(text):
+        chunk = chunk.strip("./-")
+        if _specific(chunk):
+            found.add(chunk)
+        if _PARTS.search(chunk):
+            found.update(part for part in _PARTS.split(chunk) if _specific(part))
+            found.update(part for part in chunk.split("/") if _specific(part))  # `query.py` of a path
+        elif chunk[:1].isdigit() and (digits := _LEADING_DIGITS.match(chunk)) and _specific(digits[0]):
+            found.add(digits[0])  # sed's `430p`, `42nd`
+    return frozenset(found)
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def call_arguments(message: Message) -> list[str]:
+    """The string values of an assistant message's tool-call arguments (JSON parsed when it parses)."""
+    texts: list[str] = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            continue
+        raw = function.get("arguments")
+        try:
+            texts.extend(_strings(orjson.loads(raw) if isinstance(raw, str) else raw))
+        except orjson.JSONDecodeError:
+            texts.append(str(raw))
+    return texts
+
+
+def message_tokens(message: Message) -> frozenset[str]:
+    """The specific tokens of a message: its text and, for an assistant, its calls' arguments."""
+    text = content_text(message)
+    if text is None and message.get("content") is not None:
+        text = " ".join(_strings(message.get("content")))
+    parts = [text] if text else []
+    if message.get("role") == "assistant":
+        parts += call_arguments(message)
+    return specific_tokens("\n".join(parts)) if parts else frozenset()
+
+
+def call_keys(message: Message) -> list[str]:
+    """One key per tool call of an assistant message: its function's name and exact arguments."""
+    keys = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            keys.append(f"{function.get('name')}\x00{function.get('arguments')}")
+    return keys
+
+
+def never_edited(messages: Sequence[Message]) -> frozenset[str]:
+    """Tokens of what no edit removes: the system messages and the task (the first user message)."""
+    fixed = [m for m in messages if m.get("role") in ("system", "developer")]
+    fixed += [m for m in messages if m.get("role") == "user"][:1]
+    return frozenset().union(*(message_tokens(m) for m in fixed))
+
+
+# How many of an output's specific tokens later messages must quote for it to count as in use.
+MIN_QUOTED = 1
+
+
+def outputs_in_use(messages: Sequence[Message], outputs: Sequence[int], recent: int) -> set[int]:
+    """The outputs (indices into `messages`) the agent is working with: each holds a specific token that one of
+    its last `recent` assistant messages wrote after seeing it, that no newer output holds and the system and
+    task do not. The call that produced an output does not count: it names what it asks for.
+
+    Measured on the traces (bench/quality.py), this finds the outputs the agent's next message draws on far
+    better than recency does: what it quoted lately, it quotes again.
+    """
+    if recent <= 0 or not outputs:
+        return set()
+    fixed = never_edited(messages)
+    wanted = set(outputs)
+    quoted: set[str] = set()
+    claimed: set[str] = set()
+    used = set()
+    seen = 0
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        if message.get("role") == "assistant":
+            if seen == recent:
+                if not quoted:
+                    break
+                continue
+            quoted |= message_tokens(message) - fixed
+            seen += 1
+        elif i in wanted and quoted:
+            hits = message_tokens(message) & quoted
+            if len(hits - claimed) >= MIN_QUOTED:
+                used.add(i)
+            claimed |= hits
+    return used
+
+
+def _hash(token: str) -> int:
+    return int.from_bytes(hashlib.blake2b(token.encode("utf-8", "surrogatepass"), digest_size=6).digest(), "big")
+
+
+@dataclass
+class RecallIndex:
+    """Per session: hashes of the specific tokens only removed content held, of the calls whose output was
+    cleared, and how often the agent's newest message used either (a recall miss; a re-run).
+
+    Indexed when content is removed, so a turn costs work in proportion to the agent's newest message.
+    """
+
+    removed: set[int] = field(default_factory=set)
+    cleared_calls: set[int] = field(default_factory=set)
+    misses: int = 0
+    reruns: int = 0
+
+    def copy(self) -> RecallIndex:
+        return RecallIndex(set(self.removed), set(self.cleared_calls), self.misses, self.reruns)
+
+    def index_removed(self, removed: Iterable[Message], calls: Iterable[str], kept: frozenset[str]) -> None:
+        """Remember what an epoch removed: its tokens not in `kept` (what is never edited), its calls."""
+        for message in removed:
+            self.removed.update(_hash(t) for t in message_tokens(message) - kept)
+        self.cleared_calls.update(_hash(key) for key in calls)
+
+    def observe(self, newest: Message, present: Sequence[str]) -> tuple[int, int]:
+        """Count the newest assistant message's recall miss and re-runs; `present` is the text still sent.
+
+        A token the index holds is checked against `present` only when it is used, and forgotten once found
+        there (new output holds it again), so the check stays rare.
+        """
+        misses = 0
+        if self.removed:
+            for token in message_tokens(newest):
+                h = _hash(token)
+                if h not in self.removed:
+                    continue
+                if any(token in text for text in present):
+                    self.removed.discard(h)
+                else:
+                    misses = 1
+        reruns = sum(_hash(key) in self.cleared_calls for key in call_keys(newest))
+        self.misses += misses
+        self.reruns += reruns
+        return misses, reruns
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "removed": sorted(self.removed),
+            "cleared_calls": sorted(self.cleared_calls),
+            "misses": self.misses,
+            "reruns": self.reruns,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RecallIndex:
+        return cls(
+            {int(h) for h in data.get("removed", ())},
+            {int(h) for h in data.get("cleared_calls", ())},
+            int(data.get("misses", 0)),
+            int(data.get("reruns", 0)),
+        )

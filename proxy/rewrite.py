@@ -1,0 +1,150 @@
+"""The rewritten routes: one per API dialect, all through the engine on the same path.
+
+read the body → the dialect parses it → the engine prepares the turn (on a worker thread
+for large bodies) → send upstream (re-fitted and retried once on a context overflow,
+before the client saw a byte) → relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.access import CLIENT_CREDENTIAL, authorization_token
+from proxy.app_keys import CONTEXT, ENGINE_THREAD, HOLDER, PARSES_BODIES, UPSTREAM
+from proxy.dialects import CHAT, DIALECTS, Dialect
+from proxy.errors import InvalidRequest, ProxyError, UpstreamError
+from proxy.metrics import METRICS
+from proxy.relay import read_head, relay
+from proxy.request_body import buffered_body
+from proxy.seam import BodyParser, ContextService, PassthroughTurn, PreparedTurn
+
+log = logging.getLogger("proxy.server")
+
+# Chat bodies at least this large are prepared on the engine's worker thread instead of the event
+# loop: a cold 200k-token conversation costs ~80 ms of CPU, much of it in tiktoken, which releases
+# the GIL, so other streams keep flowing meanwhile. Smaller bodies stay inline (a thread hop costs more).
+OFFLOAD_BYTES = 256 * 1024
+
+ERROR_PEEK_BYTES = 64 * 1024  # an upstream 400 is read this far to see if it is a context overflow
+
+ENGINE_ERRORS = METRICS.counter(
+    "context_proxy_engine_errors_total", "Chat requests forwarded unchanged because the engine failed"
+)
+
+
+def _credential(request: web.Request) -> str:
+    """Who the client is, for session scoping: its proxy access key (if any) and its upstream bearer token."""
+    proxy_key = request.get(CLIENT_CREDENTIAL)
+    token = authorization_token(request.headers)
+    return f"{proxy_key}\n{token}" if proxy_key else token
+
+
+def _parse_and_prepare(
+    context: ContextService, parses: bool, dialect: Dialect, raw: bytes, **request: Any
+) -> PreparedTurn:
+    """Validate the body and let the engine prepare the turn (`parses`: the service parses chat bodies itself)."""
+    if parses and dialect is CHAT:
+        parser = cast(BodyParser, context)  # create_app checked it once (a Protocol check per request is slow)
+        parsed = parser.parse_body(raw, **request)
+        return parser.prepare(**request, body=parsed.body, dialect=dialect, digests=parsed.digests)
+    return context.prepare(**request, body=dialect.parse(raw), dialect=dialect)
+
+
+async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> PreparedTurn:
+    """The engine's turn; a `ProxyError` (a malformed body, a request that cannot fit) goes to the client."""
+    work = functools.partial(
+        _parse_and_prepare,
+        request.app[CONTEXT],
+        request.app[PARSES_BODIES],
+        dialect,
+        raw,
+        path_session=request.match_info.get("session"),
+        headers=request.headers,
+        credential=_credential(request),
+    )
+    try:
+        if len(raw) >= OFFLOAD_BYTES:  # a big conversation's parse and engine work must not hold other streams
+            turn = await asyncio.get_running_loop().run_in_executor(request.app[ENGINE_THREAD], work)
+        else:
+            turn = work()
+    except ProxyError:
+        raise
+    except Exception as exc:  # an engine bug must not cost the user the answer: forward as sent
+        ENGINE_ERRORS.inc()
+        log.error("context engine failed (%s); forwarding the request unchanged", type(exc).__name__)
+        log.debug("context engine failure", exc_info=True)
+        return PassthroughTurn(body=dialect.parse(raw))
+    return turn
+
+
+async def _send(
+    request: web.Request, dialect: Dialect, turn: PreparedTurn, raw: bytes
+) -> tuple[aiohttp.ClientResponse, bytes]:
+    """Send the turn; on a context overflow let the engine refit once, before the client saw a byte."""
+    upstream = request.app[UPSTREAM]
+    headers = CIMultiDict(request.headers)
+    headers["Content-Type"] = "application/json"
+    body, retried = turn.body, False
+    while True:
+        try:
+            data = raw if not retried and turn.unchanged else orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:  # orjson reads deeper nesting than it writes
+            raise InvalidRequest(f"The request body cannot be forwarded: {exc}.", None, "invalid_body") from exc
+        response = await upstream.send(
+            "POST",
+            dialect.upstream_path,
+            query_string=request.query_string,
+            headers=headers,
+            body=data,
+            route=dialect.name,
+            identity=True,
+        )
+        if response.status != 400 or retried:
+            return response, b""
+        try:
+            head = await read_head(response, ERROR_PEEK_BYTES)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            response.close()
+            raise UpstreamError("The upstream broke off its error response.", code="upstream_broken") from exc
+        tokens = dialect.overflow_tokens(response.status, head)
+        refitted = turn.refit(tokens) if tokens is not None else None
+        if refitted is None:
+            return response, head
+        log.info("upstream reported %d prompt tokens over the window; retrying once re-fitted", tokens)
+        response.release()
+        body, retried = refitted, True
+
+
+async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
+    """A rewritten route (one per dialect): validate, let the engine prepare the turn, forward, relay."""
+    async with buffered_body(request, request.app[HOLDER].settings) as raw:  # held against the budget until sent
+        turn = await _prepare(request, dialect, raw)
+        await turn.commit()  # a shared session store may re-run the turn on a newer journal here
+        response, head = await _send(request, dialect, turn, raw)
+    relayed = await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
+    try:
+        await turn.commit()  # its usage (and a refit's journal), before a chunked answer ends
+    except Exception:  # the answer is delivered; a bookkeeping failure must not become a 500
+        log.exception("writing the turn's usage to the session store failed")
+    return relayed
+
+
+def _rewrite_route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await rewrite(request, dialect)
+
+    handler.__doc__ = f"POST /v1/{dialect.upstream_path}, rewritten by the engine."
+    return handler
+
+
+REWRITE_ROUTES = {dialect: _rewrite_route(dialect) for dialect in DIALECTS}
+ROUTE_DIALECTS = {handler: dialect for dialect, handler in REWRITE_ROUTES.items()}
