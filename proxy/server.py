@@ -229,7 +229,9 @@ async def start(
     return await serve_app(create_app(holder, context=context, upstream=upstream), host, port)
 
 
-async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
+async def serve_app(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False
+) -> tuple[web.AppRunner, int]:
     """Serve an app from `create_app` the way the proxy runs: handlers cancelled on disconnect, paths-only log."""
     runner = web.AppRunner(
         app,
@@ -240,7 +242,7 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0
     )
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()  # reuse: --workers
     except OSError as exc:  # port taken, address not ours, host unknown: one line, nothing left open
         await runner.cleanup()
         reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
@@ -252,8 +254,10 @@ class ListenError(OSError):
     """The address to serve on cannot be bound."""
 
 
-async def _serve_until_stopped(holder: ConfigHolder, host: str, port: int, context: ContextService | None) -> None:
-    runner, bound = await start(holder, host, port, context=context)
+async def _serve_until_stopped(
+    holder: ConfigHolder, host: str, port: int, context: ContextService | None, reuse_port: bool
+) -> None:
+    runner, bound = await serve_app(create_app(holder, context=context), host, port, reuse_port=reuse_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -270,6 +274,8 @@ async def _serve_until_stopped(holder: ConfigHolder, host: str, port: int, conte
         await runner.cleanup()
 
 
-def serve(holder: ConfigHolder, host: str, port: int, *, context: ContextService | None = None) -> None:
-    """Serve until SIGINT/SIGTERM (the CLI's `serve`)."""
-    asyncio.run(_serve_until_stopped(holder, host, port, context))
+def serve(
+    holder: ConfigHolder, host: str, port: int, *, context: ContextService | None = None, reuse_port: bool = False
+) -> None:
+    """Serve until SIGINT/SIGTERM (the CLI's `serve`; `reuse_port`: one of several workers on the port)."""
+    asyncio.run(_serve_until_stopped(holder, host, port, context, reuse_port))

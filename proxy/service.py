@@ -263,6 +263,10 @@ class EngineService:
         self._record_metrics(policy.name, outcome)
         return turn
 
+    def close(self) -> None:
+        """Write out what the session store has queued (at shutdown)."""
+        self.store.close()
+
     def state_problem(self) -> str | None:
         """Why the session store is degraded (`/healthz` "state"), or None."""
         return self.store.problem
