@@ -5,9 +5,9 @@ message is made from a group of items that must stay together:
 
 - `instructions` plays the system message's part;
 - a `message` item is a message of its role (its text parts joined; other parts make it opaque);
-- consecutive calls (`function_call`, `custom_tool_call`, ... : items with a `call_id`) are one
-  assistant message with `tool_calls`, and each `*_call_output` is a `tool` message answering
-  one, so the engine keeps a call and its output together;
+- consecutive calls (`function_call`, `custom_tool_call`, ... : items with a `call_id`), with the
+  assistant text right before them, are one assistant message with `tool_calls`, and each
+  `*_call_output` is a `tool` message answering one, so the engine keeps a call and its output together;
 - a `reasoning` item goes with the output it preceded (calls or an assistant message), and that
   group is opaque: the engine may drop it whole, never edit it (`encrypted_content` is signed);
 - any other item is opaque and goes upstream byte-identical.
@@ -100,11 +100,11 @@ def _call(item: Mapping[str, Any]) -> dict[str, Any]:
 def _message(group: Group) -> Message:
     """The engine message a group of items stands for."""
     items = group.items
-    lead = [item for item in items if _type(item) == "reasoning"]
-    rest = items[len(lead) :]
-    if rest and _is_call(rest[0]):
-        content = opaque("\n".join(map(_countable, lead))) if lead else None
-        return {"role": "assistant", "content": content, "tool_calls": [_call(item) for item in rest]}
+    calls = [item for item in items if _is_call(item)]
+    if calls:
+        said = [item for item in items if not _is_call(item)]  # its reasoning and text: counted, never edited
+        content = opaque("\n".join(map(_countable, said))) if said else None
+        return {"role": "assistant", "content": content, "tool_calls": [_call(item) for item in calls]}
     if group.editable < 0:
         return {"role": "assistant", "content": opaque("\n".join(map(_countable, items)))}
     item = items[group.editable]
@@ -127,14 +127,14 @@ def _groups(items: Sequence[Mapping[str, Any]]) -> list[Group]:
             lead.append(item)
             i += 1
             continue
-        if _is_call(item):
-            end = i + 1
-            while end < len(items) and _is_call(items[end]):
-                end += 1
+        assistant = kind == "message" and item.get("role") == "assistant"
+        end = i + 1 if assistant else i  # an assistant's text and the calls right after it are one turn
+        while end < len(items) and _is_call(items[end]):
+            end += 1
+        if end > i + assistant:
             groups.append(Group("items", (*lead, *items[i:end])))
             lead, i = [], end
             continue
-        assistant = kind == "message" and item.get("role") == "assistant"
         if lead and not assistant:  # reasoning that precedes no output of its own stays alone
             groups.append(Group("items", tuple(lead)))
             lead = []

@@ -49,7 +49,9 @@ def _request_error(body: Any) -> web.Response | None:
 def _with_history(request: web.Request, body: dict[str, Any]) -> list[Any] | web.Response:
     """The whole input: a stored response's input and output, then this request's items."""
     items = body.get("input")
-    items = [{"role": "user", "content": items}] if isinstance(items, str) else list(items or [])
+    if isinstance(items, str):  # kept as the API keeps it: one user message of input_text
+        items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": items}]}]
+    items = list(items or [])
     previous = body.get("previous_response_id")
     if not previous:
         return items
