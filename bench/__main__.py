@@ -1,4 +1,5 @@
-"""`python -m bench overhead|scaling|memory|savings|responses|profile|stall|ab|smoke [-n N] [--ref REV] [--json FILE]`.
+"""`python -m bench overhead|scaling|memory|savings|responses|profile|stall|ab|smoke|quality [-n N] [--ref REV]
+[--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -73,6 +74,12 @@ def _smoke(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return smoke.run_smoke(), smoke.render
 
 
+def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import quality
+
+    return quality.run_quality(), quality.render
+
+
 COMMANDS: dict[str, Runner] = {
     "overhead": _overhead,
     "scaling": _scaling,
@@ -83,6 +90,7 @@ COMMANDS: dict[str, Runner] = {
     "stall": _stall,
     "ab": _ab,
     "smoke": _smoke,
+    "quality": _quality,
 }
 
 

@@ -114,7 +114,7 @@ async def run_responses(traces: list[str] | None = None, limit: int | None = Non
                     for d, k in kept.items():
                         both = {
                             i
-                            for i, (a, b) in enumerate(zip(direct.turns, proxied[d].turns))
+                            for i, (a, b) in enumerate(zip(direct.turns, proxied[d].turns, strict=True))
                             if a.status == b.status == 200
                         }
                         row["proxy"][str(d)].update(
@@ -140,7 +140,8 @@ def _totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 def render(result: dict[str, Any]) -> str:
     header = ["trace", "model", "d", "turns", "ok direct", "ok proxy", "billed direct", "billed proxy",
-              "proxy/direct", "(turns both ok)", "last intact", "task kept", "last six same", "reasoning fwd", "altered"]  # fmt: skip
+              "proxy/direct", "(turns both ok)", "last intact", "task kept", "last six same", "reasoning fwd",
+              "altered"]  # fmt: skip
     rows = []
     for r in result["rows"]:
         for d, p in r["proxy"].items():

@@ -1,12 +1,15 @@
 """Streams an upstream response to the client: bytes as they arrive, never re-serialised.
 
-For chat completions it also reads `usage` on the way past (from the JSON body or the
-SSE usage chunk) and, when the engine asked upstream for that chunk, removes it.
+For a turn it also reads `usage` on the way past (from the JSON body or the SSE events
+holding it) and, when the engine asked upstream for chat's usage chunk, removes it. An SSE
+stream of a known API that ends before its end marker gets one error event in that API's
+form, so the client's SDK raises instead of keeping half an answer (proxy/stream_ends.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Mapping
@@ -15,9 +18,11 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.errors import error_response
+from proxy.errors import UpstreamError
 from proxy.metrics import METRICS
 from proxy.seam import PreparedTurn
+from proxy.sse import EVENT_END, MAX_EVENT_BYTES, SseEvents, event_data
+from proxy.stream_ends import STREAM_APIS, EndWatch
 from proxy.upstream import end_to_end
 
 log = logging.getLogger("proxy.relay")
@@ -27,61 +32,55 @@ BROKEN_STREAMS = METRICS.counter(
     "context_proxy_upstream_broken_total", "Upstream responses that failed after their headers", ["route"]
 )
 
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
-_EVENT_ENDINGS = (b"\r\n\r\n", b"\n\n", b"\r\r")  # what _EVENT_END finds, at a chunk's end
 # A usage object, not `"usage": null` (which OpenAI puts in every chunk once usage is asked for).
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 _MAX_JSON_CAPTURE = 8 * 1024 * 1024  # a non-streaming body kept aside for its usage, up to this size
 
 
 class SseUsageFilter:
-    """Splits an SSE byte stream into events to read `usage`, optionally dropping the usage-only event.
+    """Relays an SSE stream event by event: reads usage, may drop chat's usage-only event, watches for the end.
 
-    Without stripping, every chunk is forwarded as it came and events are only read; with
-    stripping, complete events are forwarded and only an incomplete trailing one is held.
+    Whole events go on as they complete and an unfinished one is held (proxy/sse.py), so a
+    stream cut mid-event ends on a whole event; an event past the bound is relayed as it
+    comes and never parsed. `watch` (proxy/stream_ends.py) follows every byte relayed.
     """
 
-    def __init__(self, strip_usage_chunk: bool) -> None:
+    def __init__(
+        self,
+        strip_usage_chunk: bool = False,
+        *,
+        reads_usage: bool = True,
+        watch: EndWatch | None = None,
+        bound: int = MAX_EVENT_BYTES,
+    ) -> None:
         self.strip = strip_usage_chunk
+        self.reads_usage = reads_usage
+        self.watch = watch
         self.payloads: list[dict] = []  # every event payload that held a usage object, in order
-        self._pending = bytearray()
+        self.events = SseEvents(bound)
 
     def feed(self, chunk: bytes) -> bytes:
-        if not self._pending and chunk.endswith(_EVENT_ENDINGS) and not _USAGE_OBJECT.search(chunk):
-            return chunk  # whole events, none with usage: nothing to read or hold (most chunks)
-        self._pending += chunk
-        end = _last_event_end(self._pending)
-        complete = bytes(self._pending[:end])
-        del self._pending[:end]
-        out = self._events(complete) if complete else b""
-        return out if self.strip else chunk
-
-    def _events(self, data: bytes) -> bytes:
-        """Whole events: each one holding a usage object is read (and dropped if usage-only); the rest pass as one."""
-        pieces, done = [], 0
-        for match in _USAGE_OBJECT.finditer(data):
-            if match.start() < done:
-                continue  # inside the event just handled
-            begin = max(done, _last_event_end(data, match.start()))
-            stop = _EVENT_END.search(data, match.end())
-            stop_at = stop.end() if stop else len(data)
-            event = data[begin:stop_at]
-            pieces.append(data[done:begin])
-            if not (self._read(event) and self.strip):
-                pieces.append(event)
-            done = stop_at
-        if not done:
-            return data
-        pieces.append(data[done:])
-        return b"".join(pieces)
+        """The bytes to relay now."""
+        out = []
+        for piece in self.events.feed(chunk):
+            data = piece.data
+            if self.watch is not None:
+                self.watch.see(piece)
+            if piece.whole and self.reads_usage and _USAGE_OBJECT.search(data):
+                data = self._read_events(data)
+            out.append(data)
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def finish(self) -> bytes:
-        """What is left at the end of the stream (an event without its blank line)."""
-        rest = bytes(self._pending)
-        self._pending.clear()
-        if rest and self._read(rest) and self.strip:
+        """At the upstream's clean end: its unfinished last event, unless the stream is cut (then dropped)."""
+        rest = self.events.finish()
+        if not rest:
             return b""
-        return rest if self.strip else b""
+        if self.watch is not None and not self.watch.ended:
+            return b""  # an SSE client discards an event without its blank line anyway
+        if self.reads_usage and self._read(rest) and self.strip:
+            return b""
+        return rest
 
     @property
     def usage(self) -> dict | None:
@@ -89,32 +88,32 @@ class SseUsageFilter:
         usages = [p["usage"] for p in self.payloads if isinstance(p.get("usage"), dict)]
         return usages[-1] if usages else None
 
+    def _read_events(self, data: bytes) -> bytes:
+        """Whole events: each one holding a usage object is read (and dropped if usage-only and stripping)."""
+        kept, start, keep_from = [], 0, 0
+        for match in EVENT_END.finditer(data):
+            event = data[start : match.end()]
+            if self._read(event) and self.strip:
+                kept.append(data[keep_from:start])
+                keep_from = match.end()
+            start = match.end()
+        if not keep_from:
+            return data
+        kept.append(data[keep_from:])
+        return b"".join(kept)
+
     def _read(self, event: bytes) -> bool:
         """Keep the payload of an event holding usage; True when it is chat's usage-only chunk (`choices == []`)."""
-        if not _USAGE_OBJECT.search(event):
+        if len(event) > self.events.bound or not _USAGE_OBJECT.search(event):
             return False
-        data = b"\n".join(line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:"))
         try:
-            payload = orjson.loads(data)
+            payload = orjson.loads(event_data(event))
         except orjson.JSONDecodeError:
             return False
         if not isinstance(payload, dict):
             return False
         self.payloads.append(payload)
         return isinstance(payload.get("usage"), dict) and payload.get("choices") == []
-
-
-def _last_event_end(data: bytes | bytearray, before: int | None = None) -> int:
-    """Where the last complete event in `data[:before]` ends (0 when there is none)."""
-    before = len(data) if before is None else before
-    if data.endswith(_EVENT_ENDINGS, 0, before):
-        return before  # the usual read: whole events
-    end = 0
-    for separator in _EVENT_ENDINGS:
-        at = data.rfind(separator, 0, before)
-        if at >= 0:
-            end = max(end, at + len(separator))
-    return end
 
 
 async def read_head(response: aiohttp.ClientResponse, cap: int) -> bytes:
@@ -148,6 +147,17 @@ def _break_connection(request: web.Request) -> None:
         request.transport.close()
 
 
+def _sse_filter(upstream: aiohttp.ClientResponse, turn: PreparedTurn | None, api: str | None) -> SseUsageFilter | None:
+    """The filter an SSE answer goes through: usage for a turn, the end watch for a known API; None for neither."""
+    if upstream.content_type != "text/event-stream" or upstream.status >= 400:
+        return None
+    watch = EndWatch(STREAM_APIS[api]) if api in STREAM_APIS else None
+    if turn is None and watch is None:
+        return None
+    strip = turn is not None and turn.strip_usage_chunk
+    return SseUsageFilter(strip, reads_usage=turn is not None, watch=watch)
+
+
 async def relay(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
@@ -155,24 +165,34 @@ async def relay(
     turn: PreparedTurn | None = None,
     route: str = "passthrough",
     prefix: bytes = b"",
+    api: str | None = None,
 ) -> web.StreamResponse:
-    """Relay `upstream` to the client; `prefix` is body already read from it (an error being checked)."""
-    is_sse = upstream.content_type == "text/event-stream"
-    reads_usage = turn is not None and upstream.status < 400
-    sse = SseUsageFilter(turn.strip_usage_chunk) if reads_usage and is_sse else None
-    captured = bytearray() if reads_usage and not is_sse else None
+    """Relay `upstream` to the client; `prefix` is body already read from it (an error being checked).
+
+    `api` ("chat", "responses", "messages"): the API an SSE answer speaks; a stream that ends
+    before that API's end marker gets one error event in its form (proxy/stream_ends.py).
+    """
+    sse = _sse_filter(upstream, turn, api)
+    watch = sse.watch if sse is not None else None
+    reads_json = turn is not None and upstream.status < 400 and upstream.content_type != "text/event-stream"
+    captured = bytearray() if reads_json else None
     extra = turn.headers if turn is not None else {}
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    response.headers.update(response_headers(upstream, extra, body_changes=sse is not None and sse.strip))
+    body_changes = sse is not None and (sse.strip or watch is not None)
+    response.headers.update(response_headers(upstream, extra, body_changes=body_changes))
     STREAMS_IN_FLIGHT.inc()
-    completed = False
+    completed, relayed = False, 0
     try:
         chunks = upstream.content.iter_any()
         first = prefix or await anext(chunks, b"")
+        if not first and watch is not None:
+            watch.cut("eof", 0)
+            raise UpstreamError("The upstream ended its stream before sending anything.", code="upstream_incomplete")
         # Headers go out with the first body bytes: an upstream that breaks before them still gets a 502.
         await response.prepare(request)
         pending = first
         while pending:
+            relayed += len(pending)
             out = pending
             if sse is not None:
                 out = sse.feed(pending)
@@ -189,17 +209,27 @@ async def relay(
         return response
     except (TimeoutError, aiohttp.ClientError) as exc:
         BROKEN_STREAMS.inc(route=route)
-        log.warning("upstream broke mid-response (%s); ending the client's stream", type(exc).__name__)
+        cause = "timeout" if isinstance(exc, TimeoutError) else "reset"
+        if watch is None:
+            log.warning("upstream broke mid-response (%s); ending the client's stream", type(exc).__name__)
         if not response.prepared:
-            return _error_before_headers(exc)
-        _break_connection(request)
-        return response
+            if watch is not None:
+                watch.cut(cause, relayed)
+            raise _error_before_headers(exc) from exc
+        if watch is None:
+            _break_connection(request)
+        elif not watch.ended:
+            await _end_cut(request, response, sse, cause, relayed)
+        return response  # a stream past its end marker ends cleanly: the answer is whole
     finally:
         STREAMS_IN_FLIGHT.dec()
         if completed:
             upstream.release()
         else:  # client gone, cancelled, or upstream broken: drop the upstream connection now
             upstream.close()
+    if watch is not None and not watch.ended:
+        await _end_cut(request, response, sse, "eof", relayed)
+        return response
     payloads = sse.payloads if sse is not None else _payload_from_json(captured) if captured else []
     if payloads and turn is not None:
         try:
@@ -209,7 +239,22 @@ async def relay(
     return response
 
 
-def _error_before_headers(exc: BaseException) -> web.Response:
+async def _end_cut(
+    request: web.Request, response: web.StreamResponse, sse: SseUsageFilter | None, cause: str, relayed: int
+) -> None:
+    """Tell the client its stream was cut, in its API's own error event, then end it without a clean end."""
+    assert sse is not None and sse.watch is not None
+    event = sse.watch.cut(cause, relayed)
+    if sse.events.unread:  # part of an event past the bound went out: end that event first
+        event = b"\n\n" + event
+    with contextlib.suppress(ConnectionResetError):
+        await response.write(event)
+    _break_connection(request)
+
+
+def _error_before_headers(exc: BaseException) -> UpstreamError:
     if isinstance(exc, asyncio.TimeoutError):
-        return error_response(504, "The upstream stopped sending before its response began.", "upstream_timeout")
-    return error_response(502, "The upstream broke off before its response began.", "upstream_broken")
+        return UpstreamError(
+            "The upstream stopped sending before its response began.", status=504, code="upstream_timeout"
+        )
+    return UpstreamError("The upstream broke off before its response began.", code="upstream_broken")

@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -25,7 +25,7 @@ from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.metrics import METRICS
 from proxy.relay import read_head, relay
 from proxy.request_body import read_body
-from proxy.seam import PassthroughTurn, PreparedTurn
+from proxy.seam import BodyParser, ContextService, PassthroughTurn, PreparedTurn
 
 log = logging.getLogger("proxy.server")
 
@@ -48,15 +48,15 @@ def _credential(request: web.Request) -> str:
     return f"{proxy_key}\n{token}" if proxy_key else token
 
 
-def _parse_and_prepare(context: Any, parses: bool, dialect: Dialect, raw: bytes, **request: Any) -> Any:
+def _parse_and_prepare(
+    context: ContextService, parses: bool, dialect: Dialect, raw: bytes, **request: Any
+) -> PreparedTurn:
     """Validate the body and let the engine prepare the turn (`parses`: the service parses chat bodies itself)."""
     if parses and dialect is CHAT:
-        parsed = context.parse_body(raw, **request)
-        return context.prepare(**request, body=parsed.body, digests=parsed.digests)
-    body = dialect.parse(raw)
-    if dialect is CHAT:  # a service that knows only chat takes the seam's original call
-        return context.prepare(**request, body=body)
-    return context.prepare(**request, body=body, dialect=dialect)
+        parser = cast(BodyParser, context)  # create_app checked it once (a Protocol check per request is slow)
+        parsed = parser.parse_body(raw, **request)
+        return parser.prepare(**request, body=parsed.body, dialect=dialect, digests=parsed.digests)
+    return context.prepare(**request, body=dialect.parse(raw), dialect=dialect)
 
 
 async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> PreparedTurn:
@@ -147,7 +147,7 @@ async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     raw = await read_body(request, request.app[HOLDER].settings)
     turn = await _prepare(request, dialect, raw)
     response, head = await _send(request, dialect, turn, raw)
-    return await relay(request, response, turn=turn, route=dialect.name, prefix=head)
+    return await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
 
 
 def _rewrite_route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

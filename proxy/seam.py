@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from proxy.dialects import Dialect
 
 
 class PreparedTurn(Protocol):
@@ -26,7 +29,7 @@ class PreparedTurn(Protocol):
 @runtime_checkable
 class ContextService(Protocol):
     def prepare(
-        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str
+        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str, dialect: Dialect
     ) -> PreparedTurn: ...  # raises proxy.errors.ProxyError to answer locally (e.g. ContextOverflow)
 
     def sessions_json(self) -> list[dict[str, Any]] | None: ...  # GET /sessions; None: this service keeps none
@@ -54,6 +57,7 @@ class BodyParser(Protocol):
         headers: Mapping[str, str],
         body: dict,
         credential: str,
+        dialect: Dialect,
         digests: list[bytes] | None = None,
     ) -> PreparedTurn: ...
 
@@ -79,7 +83,7 @@ class PassthroughService:
     """The shell's default engine: body unchanged, no headers, no stripping."""
 
     def prepare(
-        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str
+        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str, dialect: Dialect
     ) -> PassthroughTurn:
         return PassthroughTurn(body=body)
 

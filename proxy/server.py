@@ -31,6 +31,7 @@ from proxy.relay import relay
 from proxy.request_body import StreamedBody, max_body, too_large
 from proxy.rewrite import REWRITE_ROUTES, ROUTE_DIALECTS
 from proxy.seam import BodyParser, ContextService, PassthroughService
+from proxy.stream_ends import api_for_path
 from proxy.upstream import Upstream
 
 log = logging.getLogger("proxy.server")
@@ -75,7 +76,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         if body is not None and body.too_large:  # the upstream saw the body cut off because it was too large
             raise body.too_large from None
         raise
-    return await relay(request, response, route="passthrough")
+    return await relay(request, response, route="passthrough", api=api_for_path(request.method, tail))
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -7,6 +7,7 @@ digests per message, never the conversation's text.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from proxy.dialects.base import Conversation, Message
 
 MAX_ID_LENGTH = 128
 SESSION_HEADER = "x-session-id"
+FINGERPRINT_PREFIX = "fp-"
+_FINGERPRINT = re.compile(r"fp-[0-9a-f]{32}")  # what `fingerprint` makes; a client-named id never has this form
 # Turn statistics kept per session; older turns are dropped from the report, never from the journal.
 MAX_TURNS_KEPT = 100  # per-turn detail kept for /sessions/{id}; totals cover every turn
 
@@ -25,13 +28,15 @@ def sanitize_session_id(raw: Any) -> str | None:
     """Printable ASCII without spaces, at most MAX_ID_LENGTH; None when nothing usable is left.
 
     A long id keeps a readable head and a hash of the whole, so two long ids never collapse into one.
+    The forms the proxy makes itself are never taken from a client: an id with `@` (a credential-scoped
+    key) or starting `fp-` (a fingerprint) gets the hashed form too, so it names a session of its own.
     """
     if not isinstance(raw, str):
         return None
-    clean = "".join(c for c in raw if "!" <= c <= "~")
+    clean = "".join(c for c in raw if "!" <= c <= "~" and c != "@")
     if not clean:
         return None
-    if clean == raw and len(clean) <= MAX_ID_LENGTH:
+    if clean == raw and len(clean) <= MAX_ID_LENGTH and not clean.startswith(FINGERPRINT_PREFIX):
         return clean
     digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return f"{clean[: MAX_ID_LENGTH - 17]}~{digest}"
@@ -59,7 +64,7 @@ def fingerprint(credential: str, messages: Sequence[Message], digests: Sequence[
     for roles in (("system", "developer"), ("user",)):
         i = _first(messages, roles)
         hasher.update(b"-" if i is None else digests[i])
-    return f"fp-{hasher.hexdigest()[:32]}"
+    return f"{FINGERPRINT_PREFIX}{hasher.hexdigest()[:32]}"
 
 
 def session_id_for(
@@ -86,7 +91,7 @@ def scoped_key(session_id: str, credential: str) -> str:
     Two clients that pick the same `X-Session-Id` (or `/s/{id}`) never read or disturb each
     other's journal; a fingerprinted id already includes the credential.
     """
-    if not credential or session_id.startswith("fp-"):
+    if not credential or _FINGERPRINT.fullmatch(session_id):
         return session_id
     client = hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{session_id}@{client}"

@@ -75,7 +75,7 @@ class RecordingService:
     turns: list[RecordingTurn] = field(default_factory=list)
     calls: list[dict] = field(default_factory=list)
 
-    def prepare(self, *, path_session, headers, body, credential) -> RecordingTurn:
+    def prepare(self, *, path_session, headers, body, credential, dialect) -> RecordingTurn:
         self.calls.append(
             {
                 "path_session": path_session,

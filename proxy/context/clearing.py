@@ -7,21 +7,19 @@ the same bytes again (its prompt cache keeps hitting).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from functools import lru_cache
 from typing import Any, ClassVar
 
 from proxy.context.messages import (
     Message,
-    compile_patterns,
     content_text,
     is_error_output,
     is_tool_output,
     message_ids,
     tool_names,
 )
+from proxy.context.patterns import compile_patterns
 from proxy.context.policy import DEFAULT_ERROR_PATTERNS, ClearPolicy
 from proxy.context.tokens import Counter, HeuristicCounter
 
@@ -68,11 +66,6 @@ class ClearPlan:
             results += 1
             tokens += before - counter.count_message(message)
         return Cleared(results, tokens)
-
-
-@lru_cache(maxsize=64)
-def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
-    return compile_patterns(patterns)
 
 
 @dataclass(frozen=True)
@@ -134,7 +127,7 @@ class ClearToolOutputs:
         `digests`, when the caller has them, are the messages' `message_digest`s (not recomputed).
         """
         counter = counter if counter is not None else HeuristicCounter()
-        observations = _compiled(self.observation_patterns)
+        observations = compile_patterns(self.observation_patterns)
         outputs = [i for i, m in enumerate(messages) if is_tool_output(m, observations) and not _is_cleared(m)]
         boundary = self._boundary(messages, outputs, counter)
         names = tool_names(messages)
@@ -170,7 +163,7 @@ class ClearToolOutputs:
             return 0
         text = content_text(message)
         long_error_clears = self.errors_keep_under is not None and size >= self.errors_keep_under
-        if text is not None and not long_error_clears and is_error_output(text, _compiled(self.error_patterns)):
+        if text is not None and not long_error_clears and is_error_output(text, compile_patterns(self.error_patterns)):
             return 0
         return counter.count_message(message) - counter.count_message({**message, "content": PLACEHOLDER})
 

@@ -8,13 +8,13 @@ which output message renders which client message.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from proxy.context.fitting import omission_note
 from proxy.context.journal import AS_SENT, KEEP, Decision, Injection, Journal
 from proxy.context.messages import Message, message_digest
+from proxy.context.patterns import Pattern
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.tokens import Counter
 
@@ -35,7 +35,7 @@ class Draft:
     fixed: int  # the tools schema and the reply priming
     correction: float
     emitters: dict[str, Emitter]  # decision kind -> what it sends
-    observations: tuple[re.Pattern[str], ...] = ()
+    observations: tuple[Pattern, ...] = ()
     first_new: int = 0  # messages before this index were in last turn's request
     where: list[int] = field(default_factory=list)  # output index per client message, -1 when dropped
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
+from proxy.context.patterns import Pattern
 from proxy.context.tokens import canonical_bytes
 
 Message = dict[str, Any]
@@ -47,16 +47,13 @@ def content_text(message: Message) -> str | None:
         return content
     if isinstance(content, list):
         texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if texts and all(isinstance(t, str) for t in texts):
-            return "\n".join(texts)
+        strings = [t for t in texts if isinstance(t, str)]
+        if texts and len(strings) == len(texts):
+            return "\n".join(strings)
     return None
 
 
-def compile_patterns(patterns: Sequence[str]) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p) for p in patterns)
-
-
-def is_tool_output(message: Message, observation_patterns: Sequence[re.Pattern[str]] = ()) -> bool:
+def is_tool_output(message: Message, observation_patterns: Sequence[Pattern] = ()) -> bool:
     """A `tool` message, or a `user` message an observation pattern marks as tool output."""
     role = message.get("role")
     if role in ("tool", "function"):
@@ -67,7 +64,7 @@ def is_tool_output(message: Message, observation_patterns: Sequence[re.Pattern[s
     return False
 
 
-def is_error_output(text: str, error_patterns: Sequence[re.Pattern[str]]) -> bool:
+def is_error_output(text: str, error_patterns: Sequence[Pattern]) -> bool:
     """Text that reports a failure: matches an error pattern, or a JSON object with a top-level `error`."""
     if any(p.search(text) for p in error_patterns):
         return True

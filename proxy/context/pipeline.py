@@ -18,7 +18,8 @@ from proxy.context.clearing import ClearPlan
 from proxy.context.draft import Draft
 from proxy.context.inject import inject_capsules
 from proxy.context.journal import Journal, TurnReport
-from proxy.context.messages import Message, compile_patterns, is_tool_output, message_digest
+from proxy.context.messages import Message, is_tool_output, message_digest
+from proxy.context.patterns import compile_patterns
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import CutCache, Dedup, Epoch, steps
 from proxy.context.steps.clear import Clearing
@@ -51,7 +52,7 @@ class Outcome:
     `sources[j]` is the index of the client message `messages[j]` renders, -1 for one the engine inserted.
     """
 
-    messages: list[dict]
+    messages: list[Message]
     journal: Journal
     report: TurnReport
     overflow: Overflow | None = None
@@ -60,9 +61,9 @@ class Outcome:
 
 def process(
     journal: Journal,
-    messages: list[dict],
+    messages: list[Message],
     *,
-    tools: list | None,
+    tools: Any,
     policy: Policy,
     model: ModelInfo,
     counter: Counter,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.context.patterns import pattern_problem
+
 TRUNCATIONS = ("truncate_left", "truncate_right", "middle_out", "error")
 
 DEFAULT_ERROR_PATTERNS = (r"^\s*Error", r"^\s*error:", r"^\s*Traceback")
@@ -97,4 +99,7 @@ def policy_from_dict(data: dict[str, Any], name: str = "default") -> Policy:
         raise ValueError(f"policy.truncation must be one of {', '.join(TRUNCATIONS)}, not {policy.truncation!r}")
     if not 0 < policy.low_water <= policy.high_water <= 1:
         raise ValueError("policy needs 0 < low_water <= high_water <= 1")
+    for key in ("observation_patterns", "error_patterns"):  # refused at load, never a slow search per request
+        if problem := pattern_problem(getattr(policy.clear_tool_outputs, key)):
+            raise ValueError(f"clear_tool_outputs.{key}: {problem}")
     return policy

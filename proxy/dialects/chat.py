@@ -95,7 +95,7 @@ class ChatDialect:
             prompt = whole_count(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
             if prompt is None:
                 continue
-            details = usage.get("prompt_tokens_details")  # type: ignore[union-attr]
+            details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
             cached = whole_count(details.get("cached_tokens")) if isinstance(details, dict) else None
             return Usage(prompt, min(cached or 0, prompt))
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import orjson
@@ -91,18 +91,30 @@ def _blocks(messages: list[dict], tools: list, counter: Counter) -> list:
     return request_blocks(messages, counts, tools, counter.count_text(json.dumps(tools)) if tools else 0)
 
 
-def run(trace: Trace, policy: Policy, info: ModelInfo, counter: Counter) -> Run:
-    """Replay every turn as the agent sent it; bill direct and proxied requests under `info`'s discount."""
+def run(
+    trace: Trace,
+    policy: Policy,
+    info: ModelInfo,
+    counter: Counter,
+    send: Callable[[list[dict]], list[dict]] | None = None,
+) -> Run:
+    """Replay every turn as the agent sent it; bill direct and proxied requests under `info`'s discount.
+
+    `send`, when given, stands in for the proxy (another tool's policy, replayed the same way): no outcomes.
+    """
     tools = trace.tools
     result = Run()
     journal = Journal()
     direct = []
     usable = info.context_window - policy.reserve_output_tokens
     for request in turns(trace):
-        outcome = process(journal, request, tools=tools, policy=policy, model=info, counter=counter)
-        result.outcomes.append(outcome)
-        journal = outcome.journal
-        result.requests.append(outcome.messages)
+        if send is not None:
+            result.requests.append(send(request))
+        else:
+            outcome = process(journal, request, tools=tools, policy=policy, model=info, counter=counter)
+            result.outcomes.append(outcome)
+            journal = outcome.journal
+            result.requests.append(outcome.messages)
         blocks = _blocks(request, tools or [], counter)
         direct.append(blocks)
         if sum(n for _, n in blocks) + REPLY_PRIMING > usable:

@@ -1,0 +1,159 @@
+"""How each streaming API ends a stream, and the error event that tells a client its stream was cut.
+
+An upstream that closes (or loses) a stream before the API's end marker leaves a client with
+half an answer that looks whole: the official SDKs raise nothing. The relay watches for the
+marker and, when the stream ends without it, appends one error event in that API's own
+streaming form, which each SDK raises as an exception:
+
+| API | ends with | the error event the proxy appends |
+|---|---|---|
+| chat completions | a choice's `finish_reason`, or `data: [DONE]` | `data: {"error": {...}}` |
+| Responses | `response.completed` / `.failed` / `.incomplete` | `event: error` (`type: "error"`) |
+| Anthropic Messages | `message_stop` | `event: error` with Anthropic's error JSON |
+
+An error event the upstream sends itself also ends a stream (the SDK raised on it already).
+Markers are matched in the raw bytes: each pattern needs a quote or a line break where JSON
+text can only hold an escaped one, so no model output can fake an end.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from proxy.errors import error_body
+from proxy.metrics import METRICS
+from proxy.sse import Piece
+
+log = logging.getLogger("proxy.relay")
+
+STREAMS_CUT = METRICS.counter(
+    "context_proxy_streams_cut_total",
+    "Upstream streams that ended before their API's end marker; the client got an error event",
+    ["api", "cause"],
+)
+
+# Why a stream ended early: the upstream closed it, broke the connection, or went silent.
+CAUSES = ("eof", "reset", "timeout")
+_CODES = {"eof": "upstream_incomplete", "reset": "upstream_broken", "timeout": "upstream_timeout"}
+_MESSAGES = {
+    "eof": "The upstream ended the stream before it was complete: this answer is cut short.",
+    "reset": "The upstream connection broke before the stream was complete: this answer is cut short.",
+    "timeout": "The upstream stopped sending before the stream was complete: this answer is cut short.",
+}
+_CARRY = 64  # longer than any marker
+_SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
+
+
+@dataclass(frozen=True)
+class StreamApi:
+    """One API's stream: the pattern of its end, and its error event (message, code, last sequence number)."""
+
+    name: str
+    end: re.Pattern[bytes]
+    error_event: Callable[[str, str, int | None], bytes]
+
+
+def _chat_error(message: str, code: str, sequence: int | None) -> bytes:
+    """openai-python raises `APIError` on any event whose payload has an `error` object."""
+    return b"data: " + error_body(message, 502, code, type_="server_error") + b"\n\n"
+
+
+def _responses_error(message: str, code: str, sequence: int | None) -> bytes:
+    """The `error` event as documented (flat fields), with the `error` object the live API also sends.
+
+    openai-python only raises on a payload's `error` object; with the flat fields alone,
+    `responses.create(stream=True)` yields an ErrorEvent and the stream ends as if complete.
+    """
+    error = {"type": "server_error", "code": code, "message": message, "param": None}
+    event = {
+        "type": "error",
+        "code": code,
+        "message": message,
+        "param": None,
+        "sequence_number": 0 if sequence is None else sequence + 1,
+        "error": error,
+    }
+    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def anthropic_error_body(message: str, error_type: str = "api_error") -> bytes:
+    """Anthropic's error JSON, as a response body or an `error` event's data."""
+    return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})
+
+
+def _messages_error(message: str, code: str, sequence: int | None) -> bytes:
+    """anthropic-python raises an `APIStatusError` on `event: error`."""
+    return b"event: error\ndata: " + anthropic_error_body(message) + b"\n\n"
+
+
+CHAT = StreamApi(
+    "chat",
+    re.compile(rb'"finish_reason"\s*:\s*"|data: ?\[DONE\][\r\n]|"error"\s*:\s*\{'),
+    _chat_error,
+)
+RESPONSES = StreamApi(
+    "responses",
+    re.compile(
+        rb'"type"\s*:\s*"(?:response\.(?:completed|failed|incomplete)|error)"'
+        rb"|event: ?(?:response\.(?:completed|failed|incomplete)|error)[\r\n]"
+    ),
+    _responses_error,
+)
+MESSAGES = StreamApi(
+    "messages",
+    re.compile(rb'"type"\s*:\s*"(?:message_stop|error)"|event: ?(?:message_stop|error)[\r\n]'),
+    _messages_error,
+)
+STREAM_APIS = {api.name: api for api in (CHAT, RESPONSES, MESSAGES)}
+
+# Paths after /v1/ that stream one of these APIs when asked to (the passthrough route watches them too).
+_PATHS = {"chat/completions": CHAT, "responses": RESPONSES, "messages": MESSAGES}
+
+
+def api_for_path(method: str, tail: str) -> str | None:
+    """The streaming API a `/v1/{tail}` request speaks, if it is one the relay knows how to watch."""
+    api = _PATHS.get(tail.rstrip("/")) if method == "POST" else None
+    return api.name if api is not None else None
+
+
+class EndWatch:
+    """Follows the bytes relayed on one stream: has its API's end marker gone by?"""
+
+    def __init__(self, api: StreamApi) -> None:
+        self.api = api
+        self.ended = False
+        self.sequence: int | None = None  # the last `sequence_number` relayed (Responses)
+        self._carry = b""  # the last bytes of an event past the bound, so a marker split by a read is found
+        self._in_long_event = False  # its marker went by, in the event past the bound being relayed
+
+    def see(self, piece: Piece) -> None:
+        """Relayed bytes, in order. A marker counts once its event is whole: a client acts on whole events only."""
+        if self.api is RESPONSES:
+            self._note_sequence(piece.data)
+        if self.ended:
+            return
+        if piece.whole:
+            self.ended = self.api.end.search(piece.data) is not None
+            return
+        straddling = self._carry + piece.data[:_CARRY]
+        found = self.api.end.search(straddling) is not None or self.api.end.search(piece.data) is not None
+        self._in_long_event = self._in_long_event or found
+        self._carry = (self._carry + piece.data[-_CARRY:])[-_CARRY:]
+        if piece.complete:
+            self.ended, self._in_long_event, self._carry = self._in_long_event, False, b""
+
+    def cut(self, cause: str, relayed: int) -> bytes:
+        """Count and log a cut stream once (never its content); the error event to send the client."""
+        STREAMS_CUT.inc(api=self.api.name, cause=cause)
+        log.warning("upstream %s stream cut (%s) after %d bytes; the client is told so", self.api.name, cause, relayed)
+        return self.api.error_event(_MESSAGES[cause], _CODES[cause], self.sequence)
+
+    def _note_sequence(self, data: bytes) -> None:
+        at = data.rfind(b'"sequence_number"')
+        if at >= 0 and (match := _SEQUENCE.match(data, at)):
+            self.sequence = int(match.group(1))
