@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 
-from proxy.config import DEFAULT_CONFIG, ConfigError, ConfigHolder, load_settings
+from proxy.config import DEFAULT_CONFIG, ConfigError, ConfigHolder, ServerConfig, Settings, load_settings
+from proxy.config_schema import Source, validate
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -32,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--config", metavar="FILE", help=f"proxy.toml to load (default: the packaged {DEFAULT_CONFIG})")
     serve.add_argument("--host", help="address to bind (default: [server] host)")
-    serve.add_argument("--port", type=int, help="port to bind (default: [server] port)")
+    serve.add_argument("--port", help="port to bind, 0 for any free one (default: [server] port)")
     serve.add_argument("--upstream", metavar="URL", help="upstream base URL, e.g. https://api.openai.com/v1")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.add_argument("--passthrough", action="store_true", help="forward chat bodies unchanged (no context engine)")
@@ -60,20 +63,51 @@ def _context_service(holder: ConfigHolder, passthrough: bool):  # -> ContextServ
     return build_context_service(holder)
 
 
+def _bind_address(args: argparse.Namespace, settings: Settings) -> tuple[str, int]:
+    """--host/--port over [server]; a port is checked like the config's."""
+    if args.port is None:
+        return args.host or settings.server.host, settings.server.port
+    try:
+        port = int(args.port)
+    except ValueError:
+        raise ConfigError(f"--port: should be an integer from 0 to 65535, not {args.port!r}") from None
+    validate(ServerConfig, {"port": port}, Source(Path("--port")), [])
+    return args.host or settings.server.host, port
+
+
+def check_startup(settings: Settings) -> None:
+    """A key variable the config names but the environment lacks would fail every request: refuse to start."""
+    for section, key, consequence in (
+        ("upstream", "api_key_env", "every request would be refused with 502"),
+        ("auth", "keys_env", "the proxy would be open to anyone"),
+    ):
+        name = getattr(getattr(settings, section), key)
+        if name and not os.environ.get(name, "").strip():
+            where = Source(Path(settings.path), Path(settings.path).read_text(encoding="utf-8"))
+            raise where.error([section], key, f"the variable {name} is not set; {consequence}")
+
+
 def run_serve(args: argparse.Namespace) -> int:
-    from proxy.server import serve
+    from proxy.server import ListenError, serve
 
     setup_logging(args.log_level)
+    log = logging.getLogger("proxy.cli")
     try:
         settings = load_settings(args.config, args.upstream)
+        host, port = _bind_address(args, settings)
+        check_startup(settings)
         holder = ConfigHolder(settings, args.upstream)
         context = _context_service(holder, args.passthrough)
     except ConfigError as exc:
-        logging.getLogger("proxy.cli").error("%s", exc)
+        log.error("%s", exc)
         return 2
-    host = args.host or settings.server.host
-    port = args.port if args.port is not None else settings.server.port
-    serve(holder, host, port, context=context)
+    if args.passthrough:
+        log.warning("--passthrough: chat bodies are forwarded unchanged, the context engine is off")
+    try:
+        serve(holder, host, port, context=context)
+    except ListenError as exc:
+        log.error("%s", exc)
+        return 1
     return 0
 
 

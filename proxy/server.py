@@ -233,9 +233,17 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0
         shutdown_timeout=1.0,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:  # port taken, address not ours, host unknown: one line, nothing left open
+        await runner.cleanup()
+        reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
+        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from exc
     return runner, runner.addresses[0][1]
+
+
+class ListenError(OSError):
+    """The address to serve on cannot be bound."""
 
 
 async def _serve_until_stopped(holder: ConfigHolder, host: str, port: int, context: ContextService | None) -> None:
