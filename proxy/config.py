@@ -57,6 +57,11 @@ class StateConfig:
     idle_ttl_s: float = 6 * 3600
     path: str = ""  # SQLite file; empty = memory only
     body_memo_mb: float = 64  # last bodies of recent sessions, so a warm turn parses only what is new; 0 = off
+    max_session_kb: float = 2048  # a session's stored size (SQLite row, Redis value); larger ones stay in memory only
+    redis_url: str = ""  # redis://host:port/db (rediss:// for TLS): sessions shared by every instance and worker
+    redis_password_env: str = ""  # env var with the Redis password, when it is not in the URL
+    redis_timeout_ms: float = 250  # one Redis call; past it the turn goes on from this process's own state
+    redis_retry_s: float = 1.0  # after a failure, Redis is tried again this long after
 
     @property
     def body_memo_bytes(self) -> int:

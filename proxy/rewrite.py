@@ -146,8 +146,14 @@ async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     """A rewritten route (one per dialect): validate, let the engine prepare the turn, forward, relay."""
     raw = await read_body(request, request.app[HOLDER].settings)
     turn = await _prepare(request, dialect, raw)
+    await turn.commit()  # a shared session store may re-run the turn on a newer journal here
     response, head = await _send(request, dialect, turn, raw)
-    return await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
+    relayed = await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
+    try:
+        await turn.commit()  # its usage (and a refit's journal), before a chunked answer ends
+    except Exception:  # the answer is delivered; a bookkeeping failure must not become a 500
+        log.exception("writing the turn's usage to the session store failed")
+    return relayed
 
 
 def _rewrite_route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -25,6 +25,10 @@ class PreparedTurn(Protocol):
 
     def refit(self, reported_prompt_tokens: int) -> dict | None: ...  # upstream said context_length_exceeded
 
+    # Write the turn to the session store: awaited before the body is sent (a shared store may re-run
+    # the turn on a newer journal, changing `body`) and again after the answer (its usage).
+    async def commit(self) -> None: ...
+
 
 @runtime_checkable
 class ContextService(Protocol):
@@ -35,6 +39,8 @@ class ContextService(Protocol):
     def sessions_json(self) -> list[dict[str, Any]] | None: ...  # GET /sessions; None: this service keeps none
 
     def session_json(self, session_id: str) -> dict[str, Any] | None: ...  # GET /sessions/{id}; None: not found
+
+    def state_problem(self) -> str | None: ...  # why the session store is degraded (/healthz "state"); None: ok
 
 
 class ParsedBody(Protocol):
@@ -78,6 +84,9 @@ class PassthroughTurn:
     def refit(self, reported_prompt_tokens: int) -> dict | None:
         return None
 
+    async def commit(self) -> None:
+        return None
+
 
 class PassthroughService:
     """The shell's default engine: body unchanged, no headers, no stripping."""
@@ -91,4 +100,7 @@ class PassthroughService:
         return None
 
     def session_json(self, session_id: str) -> None:
+        return None
+
+    def state_problem(self) -> None:
         return None

@@ -81,7 +81,13 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 async def healthz(request: web.Request) -> web.Response:
     holder = request.app[HOLDER]
-    status = {"status": "ok", "config_error": holder.last_error}
+    state_problem = request.app[CONTEXT].state_problem()
+    status = {
+        "status": "ok",
+        "config_error": holder.last_error,
+        "state": "degraded" if state_problem else "ok",
+        "state_error": state_problem,
+    }
     return web.Response(body=orjson.dumps(status), content_type="application/json")
 
 

@@ -28,7 +28,7 @@ from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
 from proxy.seam import PassthroughTurn
 from proxy.sessions import SESSION_HEADER, Session, TurnStats, header_value, scoped_key, session_id_for, visible_id
-from proxy.state import SessionStore
+from proxy.state import SessionStore, store_from_config
 from proxy.tokens import TokenCounter, counter_for
 
 _POLICY = ("policy",)
@@ -106,10 +106,16 @@ class EngineTurn:
         self.stats = TurnStats()
         self.outcome: Outcome | None = None
         self.correction = 1.0
+        self.stored_journal: Journal | None = None  # what the session store last wrote for this turn
+        self.usage_stored = False
 
     @property
     def dialect(self) -> Dialect:
         return self.inputs.dialect
+
+    @property
+    def model(self) -> str:
+        return self.inputs.conversation.model
 
     @property
     def estimate(self) -> float:
@@ -162,6 +168,20 @@ class EngineTurn:
         COST.inc(stats.direct_cost_usd, policy=policy, route="direct")
         SAVED.inc(stats.direct_cost_usd - stats.cost_usd, policy=policy)
         self.store.save(self.session)
+
+    async def commit(self) -> None:
+        """Write the turn to the session store: before it is sent (a shared store may re-run it), and its usage."""
+        await self.store.commit(self)
+
+    def realign(self) -> None:
+        """Another process wrote this session first: run the turn again on the journal it left."""
+        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction)
+        with self.session.lock:
+            self.journal_before = self.session.journal
+            outcome = self.inputs.run(self.journal_before, correction)
+            if outcome.overflow:
+                raise ContextOverflow(outcome.overflow.message())
+            self.apply(outcome, correction)
 
     def refit(self, reported_prompt_tokens: int) -> dict | None:
         """Re-run the turn from the journal as it was before it, with our count scaled to the upstream's."""
@@ -250,6 +270,10 @@ class EngineService:
         self._record_metrics(policy.name, outcome)
         return turn
 
+    def state_problem(self) -> str | None:
+        """Why the session store is degraded (`/healthz` "state"), or None."""
+        return self.store.problem
+
     def sessions_json(self) -> list[dict[str, Any]]:
         """`GET /sessions`: one row per session in memory, most recent first; no message text."""
         return sorted((s.summary() for s in self.store), key=lambda row: row["last_seen"], reverse=True)
@@ -273,4 +297,4 @@ class EngineService:
 
 def build_context_service(holder: ConfigHolder) -> EngineService:
     """The service a server runs by default: sessions bounded and stored as `[state]` says."""
-    return EngineService(holder, SessionStore.from_config(holder.settings.state))
+    return EngineService(holder, store_from_config(holder.settings.state))

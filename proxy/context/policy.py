@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.context.patterns import pattern_problem
+from proxy.context.window import TruncationStrategy
 
-TRUNCATIONS = ("truncate_left", "truncate_right", "middle_out", "error")
+# The seed's strategies, and `error`: answer 400 instead of removing anything.
+TRUNCATIONS = (*(strategy.value for strategy in TruncationStrategy), "error")
 
 DEFAULT_ERROR_PATTERNS = (r"^\s*Error", r"^\s*error:", r"^\s*Traceback")
 
