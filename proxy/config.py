@@ -289,6 +289,7 @@ class ConfigHolder:
         stamp = snapshot(config_files(self.settings))
         if stamp == self._stamp or not self.settings.path:
             return False
+        changed = _changed_files(self._stamp, stamp)
         self._stamp = stamp
         try:
             fresh = load_settings(self.settings.path, self.upstream_url)
@@ -296,8 +297,34 @@ class ConfigHolder:
             self.last_error = str(exc)
             log.error("config not reloaded, keeping the last good version: %s", exc)
             return False
+        if waiting := _needs_restart(self.settings, fresh):
+            log.warning("config: %s changed; that takes effect after a restart", ", ".join(waiting))
         # A running server keeps its bind address and upstream; the rest takes effect.
         self.settings = replace(fresh, server=self.settings.server, upstream=self.settings.upstream)
         self.last_error = None
-        log.info("config reloaded from %s", self.settings.path)
+        log.info("config reloaded (%s changed)", ", ".join(changed) or self.settings.path)
         return True
+
+
+# Read once at start: a change to these is reported on reload as waiting for a restart.
+RESTART_SECTIONS = ("server", "upstream", "state")
+LIVE_ON_RELOAD = frozenset({"state.body_memo_mb"})
+
+
+def _needs_restart(running: Settings, fresh: Settings) -> list[str]:
+    """`section.key` of every changed key the running process cannot take without a restart."""
+    out = []
+    for section in RESTART_SECTIONS:
+        old, new = getattr(running, section), getattr(fresh, section)
+        for f in fields(old):
+            name = f"{section}.{f.name}"
+            if getattr(old, f.name) != getattr(new, f.name) and name not in LIVE_ON_RELOAD:
+                out.append(name)
+    return out
+
+
+def _changed_files(before: tuple[tuple[str, float, int], ...], after: tuple[tuple[str, float, int], ...]) -> list[str]:
+    """The files (not folders) added, removed or changed between two snapshots."""
+    old = {path: rest for path, *rest in before}
+    new = {path: rest for path, *rest in after}
+    return sorted(p for p in old.keys() | new.keys() if old.get(p) != new.get(p) and not os.path.isdir(p))

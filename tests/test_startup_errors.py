@@ -157,3 +157,23 @@ def test_reload_refuses_a_bad_file_with_the_same_line_and_keeps_the_last_good(co
     assert holder.last_error == str(refused.value)
     assert "example.toml:6: [policy.clear_tool_outputs] keep_token: unknown key" in holder.last_error
     assert holder.settings.policy_for("agent-1")[0].clear_tool_outputs.keep_tokens == 8000
+
+
+def test_reload_names_the_changed_file_and_the_keys_that_wait_for_a_restart(
+    config_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder = ConfigHolder(load_settings(config_dir / "proxy.toml"))
+    session, main = config_dir / "sessions" / "example.toml", config_dir / "proxy.toml"
+    session.write_text(session.read_text().replace("keep_tokens = 8000", "keep_tokens = 4000"))
+    main.write_text(
+        main.read_text().replace("port = 8787", "port = 8788").replace("body_memo_mb = 64", "body_memo_mb = 8")
+    )
+    for path in (session, main):
+        st = path.stat()
+        os.utime(path, (st.st_atime + 5, st.st_mtime + 5))
+    caplog.set_level("INFO", logger="proxy.config")
+    assert holder.reload_if_changed() is True
+    lines = [record.getMessage() for record in caplog.records]
+    assert f"config reloaded ({main}, {session} changed)" in lines
+    assert "config: server.port changed; that takes effect after a restart" in lines  # body_memo_mb is live
+    assert holder.settings.server.port == 8787 and holder.settings.state.body_memo_mb == 8

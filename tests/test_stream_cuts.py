@@ -27,8 +27,8 @@ from aiohttp import web
 from proxy.metrics import METRICS
 from proxy.stream_ends import STREAM_APIS
 from tests.conftest import RECORDED_STREAMS
-from tests.harness import Rig, start_rig
-from tests.streams import STREAMS, end_index, split_events
+from tests.harness import Rig
+from tests.streams import STREAMS, end_index, rig_before, split_events
 
 PATHS = {"chat": "chat/completions", "responses": "responses", "messages": "messages"}
 HOW = ("eof", "close", "reset")  # a clean end of the body; the connection closed mid-body; a TCP reset
@@ -71,14 +71,7 @@ async def replay(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    app = web.Application()
-    app.router.add_post("/v1/{tail:.*}", replay)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    rig = await start_rig(upstream_url=f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
-    rig.extra.append(runner)
+    rig = await rig_before(replay)
     yield rig
     await rig.close()
 
