@@ -95,11 +95,14 @@ async def _head(response: aiohttp.ClientResponse, dialect: Dialect) -> bytes:
     if response.status == 400:
         return await read_head(response, ERROR_PEEK_BYTES)
     head = b""
-    while len(head) < ERROR_PEEK_BYTES and dialect.stream_undecided(head):
-        chunk = await response.content.readany()
-        if not chunk:
-            break
-        head += chunk
+    try:
+        while len(head) < ERROR_PEEK_BYTES and dialect.stream_undecided(head):
+            chunk = await response.content.readany()
+            if not chunk:
+                break
+            head += chunk
+    except (TimeoutError, aiohttp.ClientError):
+        pass  # a stream broken this early: the relay meets the same error and ends the client's stream as cut
     return head
 
 
