@@ -24,7 +24,7 @@ from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.metrics import METRICS
 from proxy.relay import read_head, relay
-from proxy.request_body import read_body
+from proxy.request_body import buffered_body
 from proxy.seam import BodyParser, ContextService, PassthroughTurn, PreparedTurn
 
 log = logging.getLogger("proxy.server")
@@ -147,10 +147,10 @@ async def _send(
 
 async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     """A rewritten route (one per dialect): validate, let the engine prepare the turn, forward, relay."""
-    raw = await read_body(request, request.app[HOLDER].settings)
-    turn = await _prepare(request, dialect, raw)
-    await turn.commit()  # a shared session store may re-run the turn on a newer journal here
-    response, head = await _send(request, dialect, turn, raw)
+    async with buffered_body(request, request.app[HOLDER].settings) as raw:  # held against the budget until sent
+        turn = await _prepare(request, dialect, raw)
+        await turn.commit()  # a shared session store may re-run the turn on a newer journal here
+        response, head = await _send(request, dialect, turn, raw)
     relayed = await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
     try:
         await turn.commit()  # its usage (and a refit's journal), before a chunked answer ends
