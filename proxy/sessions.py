@@ -108,6 +108,8 @@ class TurnStats:
 
     report: TurnReport | None = None  # kept as the engine's object: half the memory of its dict form
     model: str = ""
+    window: int | None = None  # the context window the proxy used for this turn ...
+    model_entry: str = ""  # ... from this entry of the model table (a glob; "*" = the fallback)
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     cost_usd: float | None = None
@@ -118,6 +120,8 @@ class TurnStats:
         return {
             **(self.report.to_dict() if self.report is not None else {}),
             "model": self.model,
+            "window": self.window,
+            "model_entry": self.model_entry,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "cost_usd": self.cost_usd,
@@ -128,7 +132,8 @@ class TurnStats:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TurnStats:
         data = dict(data)
-        fields = {k: data.pop(k) for k in ("model", "prompt_tokens", "cached_tokens", "retried") if k in data}
+        keys = ("model", "window", "model_entry", "prompt_tokens", "cached_tokens", "retried")
+        fields = {k: data.pop(k) for k in keys if k in data}
         costs = {k: data.pop(k) for k in ("cost_usd", "direct_cost_usd") if k in data}
         report = TurnReport.from_dict(data) if "turn" in data else None
         return cls(report=report, **fields, **costs)
