@@ -32,18 +32,26 @@ from proxy.state import SessionStore, store_from_config
 from proxy.tokens import TokenCounter, counter_for
 
 _POLICY = ("policy",)
-TOKENS_BEFORE = METRICS.counter("context_tokens_before_total", "Prompt tokens the clients sent (estimated)", _POLICY)
-TOKENS_AFTER = METRICS.counter("context_tokens_after_total", "Prompt tokens forwarded upstream (estimated)", _POLICY)
-TOKENS_SAVED = METRICS.counter("context_tokens_saved_total", "Prompt tokens the engine removed (estimated)", _POLICY)
-CACHED_TOKENS = METRICS.counter("context_upstream_cached_tokens_total", "Cached prompt tokens billed", _POLICY)
-PROMPT_TOKENS = METRICS.counter("context_upstream_prompt_tokens_total", "Prompt tokens billed upstream", _POLICY)
-EPOCHS = METRICS.counter("context_epochs_total", "Turns whose edit epoch changed the forwarded prefix", _POLICY)
-MESSAGES_REUSED = METRICS.counter(
-    "context_messages_reused_total", "Messages taken from the session's last body instead of parsed again"
+TOKENS_BEFORE = METRICS.counter(
+    "context_proxy_tokens_before_total", "Prompt tokens the clients sent (estimated)", _POLICY
 )
-RETRIES = METRICS.counter("context_refits_total", "Requests re-fitted after context_length_exceeded", _POLICY)
-COST = METRICS.counter("context_estimated_cost_usd_total", "Input cost, proxied or direct", ("policy", "route"))
-SAVED = METRICS.gauge("context_estimated_saved_usd", "Direct minus proxied input cost (negative when worse)", _POLICY)
+TOKENS_AFTER = METRICS.counter(
+    "context_proxy_tokens_after_total", "Prompt tokens forwarded upstream (estimated)", _POLICY
+)
+TOKENS_SAVED = METRICS.counter(
+    "context_proxy_tokens_saved_total", "Prompt tokens the engine removed (estimated)", _POLICY
+)
+CACHED_TOKENS = METRICS.counter("context_proxy_upstream_cached_tokens_total", "Cached prompt tokens billed", _POLICY)
+PROMPT_TOKENS = METRICS.counter("context_proxy_upstream_prompt_tokens_total", "Prompt tokens billed upstream", _POLICY)
+EPOCHS = METRICS.counter("context_proxy_epochs_total", "Turns whose edit epoch changed the forwarded prefix", _POLICY)
+MESSAGES_REUSED = METRICS.counter(
+    "context_proxy_messages_reused_total", "Messages taken from the session's last body instead of parsed again"
+)
+RETRIES = METRICS.counter("context_proxy_refits_total", "Requests re-fitted after context_length_exceeded", _POLICY)
+COST = METRICS.counter("context_proxy_estimated_cost_usd_total", "Input cost, proxied or direct", ("policy", "route"))
+SAVED = METRICS.gauge(
+    "context_proxy_estimated_saved_usd", "Direct minus proxied input cost (negative when worse)", _POLICY
+)
 
 
 def _capsule(spec: CapsuleSpec) -> Capsule:
@@ -61,6 +69,7 @@ class _Inputs:
     counter: TokenCounter
     capsules: tuple[Capsule, ...]
     cuts: CutCache
+    cache_key: str | None = None  # the session id, for APIs that route their prompt cache by one
 
     def run(self, journal: Journal, correction: float) -> Outcome:
         conversation = self.conversation
@@ -131,6 +140,8 @@ class EngineTurn:
         body = self.client_body
         if not self.unchanged:
             body = self.dialect.render(body, conversation, out, outcome.sources)
+        if self.inputs.cache_key:
+            body = self.dialect.with_session(body, self.inputs.cache_key)
         self.body, self.strip_usage_chunk = self.dialect.with_usage_requested(body)
         self.unchanged = self.unchanged and self.body is self.client_body
         self.headers = dict(outcome.report.headers())
@@ -182,8 +193,11 @@ class EngineTurn:
 
     def refit(self, reported_prompt_tokens: int) -> dict | None:
         """Re-run the turn from the journal as it was before it, with our count scaled to the upstream's."""
-        if self.outcome is None or self.stats.retried or reported_prompt_tokens <= 0 or self.estimate <= 0:
+        if self.outcome is None or self.stats.retried or reported_prompt_tokens < 0 or self.estimate <= 0:
             return None
+        if reported_prompt_tokens == 0:  # too long by an amount the upstream did not say: at least the window
+            window = self.inputs.model.context_window - (self.inputs.conversation.max_output_tokens or 0)
+            reported_prompt_tokens = max(window, round(self.estimate * self.correction)) + 1
         learned = refit_correction(reported_prompt_tokens, self.estimate)
         self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
@@ -249,6 +263,7 @@ class EngineService:
             counter=counter_for(model.encoding),
             capsules=tuple(_capsule(s) for s in specs),
             cuts=self.cuts,
+            cache_key=session_id if settings.responses.set_prompt_cache_key else None,
         )
         session = self.store.get(scoped_key(session_id, credential))
         with session.lock:
@@ -262,6 +277,10 @@ class EngineService:
             turn.apply(outcome, correction)
         self._record_metrics(policy.name, outcome)
         return turn
+
+    def close(self) -> None:
+        """Write out what the session store has queued (at shutdown)."""
+        self.store.close()
 
     def state_problem(self) -> str | None:
         """Why the session store is degraded (`/healthz` "state"), or None."""
