@@ -165,12 +165,14 @@ async def test_the_simulator_refuses_an_output_without_its_call_and_an_altered_r
 
 
 async def test_server_side_history_is_forwarded_unedited_and_says_so(engine_rig: Rig) -> None:
-    async with sdk(engine_rig) as client:
+    async with sdk(engine_rig, "/s/stored-history/v1") as client:
         first = await client.responses.create(model="gpt-4o", input="Remember 7.")
         raw = await client.responses.with_raw_response.create(
             model="gpt-4o", input="What number?", previous_response_id=first.id
         )
     assert raw.headers["X-Context-Unedited"] == "previous_response_id"
+    turns = engine_rig.context.session_json("stored-history")["turn_details"]
+    assert [(t["api"], t["unedited"]) for t in turns] == [("responses", None), ("responses", "previous_response_id")]
     assert engine_rig.sim.requests[-1].raw == orjson.dumps(
         {"model": "gpt-4o", "input": "What number?", "previous_response_id": first.id}
     )
