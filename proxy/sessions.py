@@ -132,7 +132,8 @@ class TurnStats:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TurnStats:
         data = dict(data)
-        fields = {k: data.pop(k) for k in ("model", "prompt_tokens", "cached_tokens", "retried", "api", "unedited") if k in data}
+        names = ("model", "prompt_tokens", "cached_tokens", "retried", "api", "unedited")
+        fields = {k: data.pop(k) for k in names if k in data}
         costs = {k: data.pop(k) for k in ("cost_usd", "direct_cost_usd") if k in data}
         report = TurnReport.from_dict(data) if "turn" in data else None
         return cls(report=report, **fields, **costs)
