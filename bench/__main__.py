@@ -1,4 +1,4 @@
-"""`python -m bench overhead|scaling|memory|savings|profile|stall|ab|smoke|quality|long-event|bodies`
+"""`python -m bench overhead|scaling|memory|savings|responses|profile|stall|ab|smoke|quality|long-event|bodies`
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -42,6 +42,12 @@ def _savings(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import savings
 
     return asyncio.run(savings.run_savings(limit=ns.n or None)), savings.render
+
+
+def _responses(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import responses
+
+    return asyncio.run(responses.run_responses(limit=ns.n or None)), responses.render
 
 
 def _profile(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -91,6 +97,7 @@ COMMANDS: dict[str, Runner] = {
     "scaling": _scaling,
     "memory": _memory,
     "savings": _savings,
+    "responses": _responses,
     "profile": _profile,
     "stall": _stall,
     "ab": _ab,

@@ -52,6 +52,13 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True)
+class ResponsesConfig:
+    """The Responses API (`/v1/responses`): a client without `prompt_cache_key` gets its session id as one."""
+
+    set_prompt_cache_key: bool = True
+
+
+@dataclass(frozen=True)
 class StateConfig:
     max_sessions: int = 1000
     idle_ttl_s: float = 6 * 3600
@@ -101,6 +108,7 @@ class Settings:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     state: StateConfig = field(default_factory=StateConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     models: tuple[ModelInfo, ...] = ()
     default_encoding: str = "o200k_base"
     policy_data: dict[str, Any] = field(default_factory=dict)

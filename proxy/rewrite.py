@@ -86,6 +86,26 @@ async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> Prepar
     return turn
 
 
+async def _head(response: aiohttp.ClientResponse, dialect: Dialect) -> bytes:
+    """What tells whether the upstream refused for length: a 400's body, or a stream's first events.
+
+    A stream is read only while the dialect says it may still turn into a refusal (Responses sends
+    `response.created` first); those bytes go to the client afterwards, as they came.
+    """
+    if response.status == 400:
+        return await read_head(response, ERROR_PEEK_BYTES)
+    head = b""
+    try:
+        while len(head) < ERROR_PEEK_BYTES and dialect.stream_undecided(head):
+            chunk = await response.content.readany()
+            if not chunk:
+                break
+            head += chunk
+    except (TimeoutError, aiohttp.ClientError):
+        pass  # a stream broken this early: the relay meets the same error and ends the client's stream as cut
+    return head
+
+
 async def _send(
     request: web.Request, dialect: Dialect, turn: PreparedTurn, raw: bytes
 ) -> tuple[aiohttp.ClientResponse, bytes]:
@@ -108,13 +128,14 @@ async def _send(
             route=dialect.name,
             identity=True,
         )
-        if response.status != 400 or retried:
+        refusal = response.status == 400 or (response.status == 200 and response.content_type == "text/event-stream")
+        if not refusal or retried:
             return response, b""
         try:
-            head = await read_head(response, ERROR_PEEK_BYTES)
+            head = await _head(response, dialect)
         except (TimeoutError, aiohttp.ClientError) as exc:
             response.close()
-            raise UpstreamError("The upstream broke off its error response.", code="upstream_broken") from exc
+            raise UpstreamError("The upstream broke off its response.", code="upstream_broken") from exc
         tokens = dialect.overflow_tokens(response.status, head)
         refitted = turn.refit(tokens) if tokens is not None else None
         if refitted is None:
