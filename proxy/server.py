@@ -35,6 +35,7 @@ from proxy.rewrite import REWRITE_ROUTES, ROUTE_DIALECTS
 from proxy.seam import BodyParser, ContextService, PassthroughService
 from proxy.stream_ends import api_for_path
 from proxy.upstream import Upstream
+from proxy.websocket import is_websocket, websocket
 
 log = logging.getLogger("proxy.server")
 
@@ -59,6 +60,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     tail = _upstream_tail(request)
     if tail is None:
         raise InvalidRequest("Dot segments are not allowed in the path.", code="invalid_path")
+    if is_websocket(request):  # Codex's WebSocket mode: relayed message by message, unedited
+        return await websocket(request, tail)
     if request.content_length is not None and request.content_length > max_body(settings):
         raise too_large(settings)
     body = StreamedBody(request, settings) if request.body_exists else None
@@ -197,7 +200,10 @@ def create_app(
     app[UPSTREAM] = upstream if upstream is not None else Upstream(holder)
     # One worker: engine turns on it run one at a time, and each session's lock orders it with the loop.
     app[ENGINE_THREAD] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="context-engine")
-    app[BODY_BUDGET] = BodyBudget(int(holder.settings.server.body_budget_mb * 1024 * 1024))
+    # Never below one body of the largest size allowed, or such a body would be refused for good.
+    app[BODY_BUDGET] = BodyBudget(
+        max(int(holder.settings.server.body_budget_mb * 1024 * 1024), max_body(holder.settings))
+    )
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
     for dialect, handler in REWRITE_ROUTES.items():
