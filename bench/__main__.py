@@ -1,4 +1,4 @@
-"""`python -m bench overhead|scaling|memory|savings|responses|profile|stall|ab|smoke|quality|long-event`
+"""`python -m bench overhead|scaling|memory|savings|responses|profile|stall|ab|smoke|quality|long-event|state`
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -86,6 +86,12 @@ def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return quality.run_quality(), quality.render
 
 
+def _state(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import state
+
+    return state.run_state(turns=ns.n or None), state.render
+
+
 COMMANDS: dict[str, Runner] = {
     "overhead": _overhead,
     "scaling": _scaling,
@@ -98,6 +104,7 @@ COMMANDS: dict[str, Runner] = {
     "smoke": _smoke,
     "quality": _quality,
     "long-event": _long_event,
+    "state": _state,
 }
 
 
