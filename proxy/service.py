@@ -38,6 +38,12 @@ TOKENS_SAVED = METRICS.counter("context_tokens_saved_total", "Prompt tokens the 
 CACHED_TOKENS = METRICS.counter("context_upstream_cached_tokens_total", "Cached prompt tokens billed", _POLICY)
 PROMPT_TOKENS = METRICS.counter("context_upstream_prompt_tokens_total", "Prompt tokens billed upstream", _POLICY)
 EPOCHS = METRICS.counter("context_epochs_total", "Turns whose edit epoch changed the forwarded prefix", _POLICY)
+RECALL_MISSES = METRICS.counter(
+    "context_recall_misses_total", "Turns whose agent message used what only content the proxy removed held", _POLICY
+)
+RERUNS = METRICS.counter(
+    "context_cleared_reruns_total", "Calls the agent re-ran after the proxy cleared their output", _POLICY
+)
 MESSAGES_REUSED = METRICS.counter(
     "context_messages_reused_total", "Messages taken from the session's last body instead of parsed again"
 )
@@ -286,6 +292,10 @@ class EngineService:
         TOKENS_SAVED.inc(max(0, report.tokens_before - report.tokens_after), policy=policy)
         if report.epoch:
             EPOCHS.inc(policy=policy)
+        if report.recall_missed:
+            RECALL_MISSES.inc(policy=policy)
+        if report.reruns:
+            RERUNS.inc(report.reruns, policy=policy)
 
 
 def build_context_service(holder: ConfigHolder) -> EngineService:
