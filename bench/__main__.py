@@ -1,4 +1,4 @@
-"""`python -m bench overhead|scaling|memory|savings|profile|stall|ab|smoke|quality|long-event`
+"""`python -m bench overhead|scaling|memory|savings|responses|profile|stall|ab|smoke|quality|long-event`
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -44,6 +44,12 @@ def _savings(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return asyncio.run(savings.run_savings(limit=ns.n or None)), savings.render
 
 
+def _responses(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import responses
+
+    return asyncio.run(responses.run_responses(limit=ns.n or None)), responses.render
+
+
 def _profile(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import profile
 
@@ -85,6 +91,7 @@ COMMANDS: dict[str, Runner] = {
     "scaling": _scaling,
     "memory": _memory,
     "savings": _savings,
+    "responses": _responses,
     "profile": _profile,
     "stall": _stall,
     "ab": _ab,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from proxy.config import DEFAULT_CONFIG, ConfigError, ConfigHolder, ServerConfig, Settings, load_settings
 from proxy.config_schema import Source, validate
+from proxy.logs import guard_handlers
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -17,6 +18,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def setup_logging(level: str = "INFO") -> None:
     """Log lines name routes, statuses and sizes; keys and prompt text never appear in them."""
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    guard_handlers(logging.getLogger())  # every line: control characters escaped, no client header bytes
     # aiohttp's client logs nothing useful at INFO; its access log is replaced by proxy.access.
     logging.getLogger("aiohttp").setLevel(max(logging.WARNING, logging.getLogger().level))
 

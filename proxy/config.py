@@ -34,6 +34,13 @@ class ServerConfig:
     max_body_mb: float = 32
     # Env var holding a token for /sessions and /metrics; required off loopback.
     admin_token_env: str = ""
+    # Hostile clients (proxy/connections.py, proxy/request_body.py): with these, a client silent for
+    # 60 s anywhere before its request is complete is closed, and memory for bodies is bounded.
+    max_connections: int = 1000  # past it a new connection gets 503 and is closed
+    header_timeout_s: float = 60  # a request head must be complete this long after its first byte
+    body_timeout_s: float = 60  # longest silence while a request body is read (408)
+    keepalive_timeout_s: float = 60  # an idle connection (no request under way) is closed after this
+    body_budget_mb: float = 96  # request bodies held in memory at once, all requests together (past it: 503)
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,13 @@ class UpstreamConfig:
     api_key_env: str = ""
     connect_timeout_s: float = 10
     read_timeout_s: float = 600
+
+
+@dataclass(frozen=True)
+class ResponsesConfig:
+    """The Responses API (`/v1/responses`): a client without `prompt_cache_key` gets its session id as one."""
+
+    set_prompt_cache_key: bool = True
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,7 @@ class Settings:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     state: StateConfig = field(default_factory=StateConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     models: tuple[ModelInfo, ...] = ()
     default_encoding: str = "o200k_base"
     policy_data: dict[str, Any] = field(default_factory=dict)

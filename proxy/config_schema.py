@@ -49,6 +49,11 @@ SHARE = Field(gt=0, le=1)
 RULES: dict[str, Any] = {
     "ServerConfig.port": Field(ge=0, le=65535),  # 0: any free port
     "ServerConfig.max_body_mb": Field(gt=0),
+    "ServerConfig.max_connections": Field(ge=1),
+    "ServerConfig.header_timeout_s": Field(gt=0),
+    "ServerConfig.body_timeout_s": Field(gt=0),
+    "ServerConfig.keepalive_timeout_s": Field(gt=0),
+    "ServerConfig.body_budget_mb": Field(gt=0),
     "UpstreamConfig.base_url": AfterValidator(_http_url),
     "UpstreamConfig.connect_timeout_s": Field(gt=0),
     "UpstreamConfig.read_timeout_s": Field(gt=0),

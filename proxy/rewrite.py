@@ -24,7 +24,7 @@ from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.metrics import METRICS
 from proxy.relay import read_head, relay
-from proxy.request_body import read_body
+from proxy.request_body import buffered_body
 from proxy.seam import BodyParser, ContextService, PassthroughTurn, PreparedTurn
 
 log = logging.getLogger("proxy.server")
@@ -86,6 +86,26 @@ async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> Prepar
     return turn
 
 
+async def _head(response: aiohttp.ClientResponse, dialect: Dialect) -> bytes:
+    """What tells whether the upstream refused for length: a 400's body, or a stream's first events.
+
+    A stream is read only while the dialect says it may still turn into a refusal (Responses sends
+    `response.created` first); those bytes go to the client afterwards, as they came.
+    """
+    if response.status == 400:
+        return await read_head(response, ERROR_PEEK_BYTES)
+    head = b""
+    try:
+        while len(head) < ERROR_PEEK_BYTES and dialect.stream_undecided(head):
+            chunk = await response.content.readany()
+            if not chunk:
+                break
+            head += chunk
+    except (TimeoutError, aiohttp.ClientError):
+        pass  # a stream broken this early: the relay meets the same error and ends the client's stream as cut
+    return head
+
+
 async def _send(
     request: web.Request, dialect: Dialect, turn: PreparedTurn, raw: bytes
 ) -> tuple[aiohttp.ClientResponse, bytes]:
@@ -108,13 +128,14 @@ async def _send(
             route=dialect.name,
             identity=True,
         )
-        if response.status != 400 or retried:
+        refusal = response.status == 400 or (response.status == 200 and response.content_type == "text/event-stream")
+        if not refusal or retried:
             return response, b""
         try:
-            head = await read_head(response, ERROR_PEEK_BYTES)
+            head = await _head(response, dialect)
         except (TimeoutError, aiohttp.ClientError) as exc:
             response.close()
-            raise UpstreamError("The upstream broke off its error response.", code="upstream_broken") from exc
+            raise UpstreamError("The upstream broke off its response.", code="upstream_broken") from exc
         tokens = dialect.overflow_tokens(response.status, head)
         refitted = turn.refit(tokens) if tokens is not None else None
         if refitted is None:
@@ -126,10 +147,10 @@ async def _send(
 
 async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     """A rewritten route (one per dialect): validate, let the engine prepare the turn, forward, relay."""
-    raw = await read_body(request, request.app[HOLDER].settings)
-    turn = await _prepare(request, dialect, raw)
-    await turn.commit()  # a shared session store may re-run the turn on a newer journal here
-    response, head = await _send(request, dialect, turn, raw)
+    async with buffered_body(request, request.app[HOLDER].settings) as raw:  # held against the budget until sent
+        turn = await _prepare(request, dialect, raw)
+        await turn.commit()  # a shared session store may re-run the turn on a newer journal here
+        response, head = await _send(request, dialect, turn, raw)
     relayed = await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
     try:
         await turn.commit()  # its usage (and a refit's journal), before a chunked answer ends

@@ -67,6 +67,7 @@ class _Inputs:
     counter: TokenCounter
     capsules: tuple[Capsule, ...]
     cuts: CutCache
+    cache_key: str | None = None  # the session id, for APIs that route their prompt cache by one
 
     def run(self, journal: Journal, correction: float) -> Outcome:
         conversation = self.conversation
@@ -137,6 +138,8 @@ class EngineTurn:
         body = self.client_body
         if not self.unchanged:
             body = self.dialect.render(body, conversation, out, outcome.sources)
+        if self.inputs.cache_key:
+            body = self.dialect.with_session(body, self.inputs.cache_key)
         self.body, self.strip_usage_chunk = self.dialect.with_usage_requested(body)
         self.unchanged = self.unchanged and self.body is self.client_body
         self.headers = dict(outcome.report.headers())
@@ -188,8 +191,11 @@ class EngineTurn:
 
     def refit(self, reported_prompt_tokens: int) -> dict | None:
         """Re-run the turn from the journal as it was before it, with our count scaled to the upstream's."""
-        if self.outcome is None or self.stats.retried or reported_prompt_tokens <= 0 or self.estimate <= 0:
+        if self.outcome is None or self.stats.retried or reported_prompt_tokens < 0 or self.estimate <= 0:
             return None
+        if reported_prompt_tokens == 0:  # too long by an amount the upstream did not say: at least the window
+            window = self.inputs.model.context_window - (self.inputs.conversation.max_output_tokens or 0)
+            reported_prompt_tokens = max(window, round(self.estimate * self.correction)) + 1
         learned = refit_correction(reported_prompt_tokens, self.estimate)
         self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
@@ -255,6 +261,7 @@ class EngineService:
             counter=counter_for(model.encoding),
             capsules=tuple(_capsule(s) for s in specs),
             cuts=self.cuts,
+            cache_key=session_id if settings.responses.set_prompt_cache_key else None,
         )
         session = self.store.get(scoped_key(session_id, credential))
         with session.lock:

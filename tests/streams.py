@@ -40,10 +40,10 @@ def end_index(api: str, events: list[bytes]) -> int:
     return next(i for i, e in enumerate(events) if _MARKERS[api] in e)
 
 
-async def rig_before(upstream: Callable[[web.Request], Awaitable[web.StreamResponse]], **rig: Any) -> Rig:
-    """A proxy in front of an aiohttp upstream answering every POST with `upstream`; `rig.close()` stops both."""
+async def rig_before(answer: Callable[[web.Request], Awaitable[web.StreamResponse]], **rig: Any) -> Rig:
+    """A proxy in front of an aiohttp upstream answering every POST with `answer`; `rig.close()` stops both."""
     app = web.Application()
-    app.router.add_post("/{tail:.*}", upstream)
+    app.router.add_post("/{tail:.*}", answer)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -76,6 +76,9 @@ class ChatDialect:
         metadata = body.get("metadata")
         return (metadata.get("session_id") if isinstance(metadata, dict) else None,)
 
+    def with_session(self, body: dict[str, Any], session_id: str) -> dict[str, Any]:
+        return body
+
     def with_usage_requested(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """A stream asks for the usage chunk; one the client did not ask for itself is dropped before it sees it."""
         if body.get("stream") is not True:
@@ -96,6 +99,9 @@ class ChatDialect:
             cached = whole_count(details.get("cached_tokens")) if isinstance(details, dict) else None
             return Usage(prompt, min(cached or 0, prompt))
         return None
+
+    def stream_undecided(self, head: bytes) -> bool:
+        return False  # chat refuses with a 400 before any stream begins
 
     def overflow_tokens(self, status: int, body: bytes) -> int | None:
         return overflow_tokens(body) if status == 400 else None
