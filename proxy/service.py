@@ -290,7 +290,11 @@ class EngineService:
         if session is None:  # the id as the client named it: the most recent client's session of that name
             named = [s for s in self.store if visible_id(s.id) == session_id]
             session = max(named, key=lambda s: s.last_seen, default=None)
-        return session.to_dict() if session is not None else None
+        if session is None:
+            return None
+        recall = session.journal.recall
+        # Turns whose agent message used what only removed content held; calls re-run after their output was cleared.
+        return {**session.to_dict(), "recall_misses": recall.misses, "cleared_reruns": recall.reruns}
 
     def _record_metrics(self, policy: str, outcome: Outcome) -> None:
         report = outcome.report

@@ -183,7 +183,5 @@ class Session:
             "cost_usd": cost,
             "direct_cost_usd": direct,
             "saved_usd": direct - cost,
-            "recall_misses": self.journal.recall.misses,  # turns the agent used what only removed content held
-            "cleared_reruns": self.journal.recall.reruns,  # calls it re-ran after their output was cleared
             "turn_details": [t.to_dict() for t in self.turns],
         }
