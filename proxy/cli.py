@@ -41,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--upstream", metavar="URL", help="upstream base URL, e.g. https://api.openai.com/v1")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.add_argument("--passthrough", action="store_true", help="forward chat bodies unchanged (no context engine)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N processes on one port, each its own event loop (needs [state] redis_url when N > 1)",
+    )
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set by --workers for each
     commands.add_parser(
         "demo",
         add_help=False,
@@ -98,6 +106,8 @@ def run_serve(args: argparse.Namespace) -> int:
         settings = load_settings(args.config, args.upstream)
         host, port = _bind_address(args, settings)
         check_startup(settings)
+        if args.workers != 1:
+            return _run_workers(args, settings, port)
         holder = ConfigHolder(settings, args.upstream)
         context = _context_service(holder, args.passthrough)
     except ConfigError as exc:
@@ -106,11 +116,35 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.passthrough:
         log.warning("--passthrough: chat bodies are forwarded unchanged, the context engine is off")
     try:
-        serve(holder, host, port, context=context)
+        serve(holder, host, port, context=context, reuse_port=args.reuse_port)
     except ListenError as exc:
         log.error("%s", exc)
         return 1
+    finally:
+        if context is not None:
+            context.close()
     return 0
+
+
+def _run_workers(args: argparse.Namespace, settings: Settings, port: int) -> int:
+    """`--workers N`: N `serve` processes sharing the port; refused (ConfigError) when they would not share sessions."""
+    from proxy.workers import check_workers, run_workers
+
+    check_workers(args.workers, settings, port, args.passthrough)
+    return run_workers(args.workers, worker_argv(args.argv))
+
+
+def worker_argv(argv: list[str]) -> list[str]:
+    """The command line of one worker: the same `serve`, without --workers, on a shared port."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            out.append(arg)
+    return [*(out if out[:1] == ["serve"] else ["serve", *out]), "--reuse-port"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         from proxy import demo
 
         return demo.simulate_main(argv[1:])
-    return run_serve(build_parser().parse_args(argv or ["serve"]))
+    args = build_parser().parse_args(argv or ["serve"])
+    args.argv = argv
+    return run_serve(args)
 
 
 if __name__ == "__main__":

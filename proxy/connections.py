@@ -123,8 +123,10 @@ class GuardedConnection(asyncio.Protocol):
 class GuardedSite(web.TCPSite):
     """aiohttp's TCP site, serving each connection through the guard."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard) -> None:
-        super().__init__(runner, host, port)
+    def __init__(
+        self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard, *, reuse_port: bool = False
+    ) -> None:
+        super().__init__(runner, host, port, reuse_port=reuse_port or None)
         self.guard = guard
 
     async def start(self) -> None:
@@ -132,7 +134,7 @@ class GuardedSite(web.TCPSite):
         server = self._runner.server
         assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
-            self.guard.factory(server), self._host, self._port, backlog=self._backlog
+            self.guard.factory(server), self._host, self._port, backlog=self._backlog, reuse_port=self._reuse_port
         )
         self._bound_port = self._server.sockets[0].getsockname()[1]
 

@@ -197,7 +197,10 @@ def create_app(
     app[UPSTREAM] = upstream if upstream is not None else Upstream(holder)
     # One worker: engine turns on it run one at a time, and each session's lock orders it with the loop.
     app[ENGINE_THREAD] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="context-engine")
-    app[BODY_BUDGET] = BodyBudget(int(holder.settings.server.body_budget_mb * 1024 * 1024))
+    # Never below one body of the largest size allowed, or such a body would be refused for good.
+    app[BODY_BUDGET] = BodyBudget(
+        max(int(holder.settings.server.body_budget_mb * 1024 * 1024), max_body(holder.settings))
+    )
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
     for dialect, handler in REWRITE_ROUTES.items():
@@ -236,9 +239,11 @@ async def start(
     return await serve_app(create_app(holder, context=context, upstream=upstream), host, port)
 
 
-async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
+async def serve_app(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False
+) -> tuple[web.AppRunner, int]:
     """Serve an app from `create_app` the way the proxy runs: handlers cancelled on disconnect, paths-only log,
-    connections limited and timed (proxy/connections.py)."""
+    connections limited and timed (proxy/connections.py); `reuse_port`: one of several workers on the port."""
     server = app[HOLDER].settings.server
     runner = web.AppRunner(
         app,
@@ -252,7 +257,7 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0
     await runner.setup()
     try:
         guard = ConnectionGuard(server.max_connections, server.header_timeout_s)
-        await GuardedSite(runner, host, port, guard).start()
+        await GuardedSite(runner, host, port, guard, reuse_port=reuse_port).start()
     except OSError as exc:  # port taken, address not ours, host unknown: one line, nothing left open
         await runner.cleanup()
         reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
@@ -264,11 +269,13 @@ class ListenError(OSError):
     """The address to serve on cannot be bound."""
 
 
-async def _serve_until_stopped(holder: ConfigHolder, host: str, port: int, context: ContextService | None) -> None:
+async def _serve_until_stopped(
+    holder: ConfigHolder, host: str, port: int, context: ContextService | None, reuse_port: bool
+) -> None:
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(AcceptFailures(loop))  # out of descriptors: one line per interval, with a count
     raise_file_limit(holder.settings.server.max_connections)
-    runner, bound = await start(holder, host, port, context=context)
+    runner, bound = await serve_app(create_app(holder, context=context), host, port, reuse_port=reuse_port)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -284,6 +291,8 @@ async def _serve_until_stopped(holder: ConfigHolder, host: str, port: int, conte
         await runner.cleanup()
 
 
-def serve(holder: ConfigHolder, host: str, port: int, *, context: ContextService | None = None) -> None:
-    """Serve until SIGINT/SIGTERM (the CLI's `serve`)."""
-    asyncio.run(_serve_until_stopped(holder, host, port, context))
+def serve(
+    holder: ConfigHolder, host: str, port: int, *, context: ContextService | None = None, reuse_port: bool = False
+) -> None:
+    """Serve until SIGINT/SIGTERM (the CLI's `serve`; `reuse_port`: one of several workers on the port)."""
+    asyncio.run(_serve_until_stopped(holder, host, port, context, reuse_port))

@@ -237,7 +237,7 @@ async def reused_messages(root: str) -> float:
     async with aiohttp.ClientSession() as http, http.get(f"{root}/metrics") as response:
         text = await response.text()
     lines = text.splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith("context_messages_reused_total"))
+    return sum(float(line.split()[-1]) for line in lines if line.startswith("context_proxy_messages_reused_total"))
 
 
 async def test_recall_misses_and_reruns_of_cleared_calls_show_per_session_and_per_policy(
@@ -265,8 +265,8 @@ async def test_recall_misses_and_reruns_of_cleared_calls_show_per_session_and_pe
         prefix = f'{metric}{{policy="default"}} '
         return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
 
-    assert total("context_recall_misses_total") >= session["recall_misses"]
-    assert total("context_cleared_reruns_total") >= reruns
+    assert total("context_proxy_recall_misses_total") >= session["recall_misses"]
+    assert total("context_proxy_cleared_reruns_total") >= reruns
 
 
 def trace_turns(name: str) -> int:
