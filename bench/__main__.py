@@ -1,4 +1,5 @@
-"""`python -m bench overhead|scaling|memory|savings|profile|stall|ab|smoke|quality [-n N] [--ref REV] [--json FILE]`.
+"""`python -m bench overhead|scaling|memory|savings|anthropic|profile|stall|ab|smoke|quality [-n N] [--ref REV]
+[--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -43,6 +44,12 @@ def _savings(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return asyncio.run(savings.run_savings(limit=ns.n or None)), savings.render
 
 
+def _anthropic(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import anthropic
+
+    return asyncio.run(anthropic.run_anthropic()), anthropic.render
+
+
 def _profile(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import profile
 
@@ -78,6 +85,7 @@ COMMANDS: dict[str, Runner] = {
     "scaling": _scaling,
     "memory": _memory,
     "savings": _savings,
+    "anthropic": _anthropic,
     "profile": _profile,
     "stall": _stall,
     "ab": _ab,

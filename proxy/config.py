@@ -43,6 +43,17 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True)
+class AnthropicConfig:
+    """Anthropic's Messages API (`/v1/messages*`, and any request with `anthropic-version`) goes here."""
+
+    base_url: str = "https://api.anthropic.com"  # without /v1
+    api_key_env: str = ""  # set: the proxy sends $VAR's key as x-api-key, never the client's
+    place_breakpoints: bool = (
+        True  # add cache_control breakpoints where the client left slots (proxy.dialects.breakpoints)
+    )
+
+
+@dataclass(frozen=True)
 class StateConfig:
     max_sessions: int = 1000
     idle_ttl_s: float = 6 * 3600
@@ -87,6 +98,7 @@ class Settings:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     state: StateConfig = field(default_factory=StateConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    anthropic: AnthropicConfig = field(default_factory=AnthropicConfig)
     models: tuple[ModelInfo, ...] = ()
     default_encoding: str = "o200k_base"
     policy_data: dict[str, Any] = field(default_factory=dict)
@@ -224,7 +236,9 @@ def load_session_rule(path: Path, policy_data: dict[str, Any]) -> SessionRule:
     return SessionRule(str(path), tuple(match), overrides, _capsules(data.get("capsules", []), path))
 
 
-def load_settings(path: str | Path | None = None, upstream_url: str | None = None) -> Settings:
+def load_settings(
+    path: str | Path | None = None, upstream_url: str | None = None, anthropic_url: str | None = None
+) -> Settings:
     """Read `proxy.toml` and the `sessions/` folder beside it; raise ConfigError on a broken one."""
     path = Path(path) if path else DEFAULT_CONFIG
     data = _read_toml(path)
@@ -239,6 +253,9 @@ def load_settings(path: str | Path | None = None, upstream_url: str | None = Non
     if upstream_url:
         upstream = replace(upstream, base_url=upstream_url)
     state = _section(StateConfig, data.get("state"), path, "state")
+    anthropic = _section(AnthropicConfig, data.get("anthropic"), path, "anthropic")
+    if anthropic_url:
+        anthropic = replace(anthropic, base_url=anthropic_url)
     if state.path and not Path(state.path).is_absolute():  # relative to the config file, not the cwd
         state = replace(state, path=str(path.parent / state.path))
     settings = Settings(
@@ -246,6 +263,7 @@ def load_settings(path: str | Path | None = None, upstream_url: str | None = Non
         upstream=upstream,
         state=state,
         auth=_section(AuthConfig, data.get("auth"), path, "auth"),
+        anthropic=anthropic,
         models=_models(data.get("models", {}), path),
         default_encoding=str(data.get("default_encoding", "o200k_base")),
         policy_data=policy_data,
@@ -300,7 +318,12 @@ class ConfigHolder:
             log.error("config not reloaded, keeping the last good version: %s", exc)
             return False
         # A running server keeps its bind address and upstream; the rest takes effect.
-        self.settings = replace(fresh, server=self.settings.server, upstream=self.settings.upstream)
+        self.settings = replace(
+            fresh,
+            server=self.settings.server,
+            upstream=self.settings.upstream,
+            anthropic=replace(fresh.anthropic, base_url=self.settings.anthropic.base_url),
+        )
         self.last_error = None
         log.info("config reloaded from %s", self.settings.path)
         return True

@@ -61,6 +61,7 @@ class _Inputs:
     counter: TokenCounter
     capsules: tuple[Capsule, ...]
     cuts: CutCache
+    cache_breakpoints: bool = False  # the dialect may add prompt-cache breakpoints ([anthropic] place_breakpoints)
 
     def run(self, journal: Journal, correction: float) -> Outcome:
         conversation = self.conversation
@@ -125,6 +126,8 @@ class EngineTurn:
         body = self.client_body
         if not self.unchanged:
             body = self.dialect.render(body, conversation, out, outcome.sources)
+        if self.inputs.cache_breakpoints:
+            body = self.dialect.with_cache_breakpoints(body)
         self.body, self.strip_usage_chunk = self.dialect.with_usage_requested(body)
         self.unchanged = self.unchanged and self.body is self.client_body
         self.headers = dict(outcome.report.headers())
@@ -167,7 +170,8 @@ class EngineTurn:
         learned = refit_correction(reported_prompt_tokens, self.estimate)
         self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
-        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction)
+        margin = self.inputs.model.estimate_margin
+        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction, margin)
         with self.session.lock:
             outcome = self.inputs.run(self.journal_before, correction)
             self.stats.retried = True
@@ -229,11 +233,12 @@ class EngineService:
             counter=counter_for(model.encoding),
             capsules=tuple(_capsule(s) for s in specs),
             cuts=self.cuts,
+            cache_breakpoints=settings.anthropic.place_breakpoints,
         )
         session = self.store.get(scoped_key(session_id, credential))
         with session.lock:
             session.policy = policy.name
-            correction = self.calibration.correction(conversation.model, session.correction)
+            correction = self.calibration.correction(conversation.model, session.correction, model.estimate_margin)
             outcome = inputs.run(session.journal, correction)
             if outcome.overflow:
                 raise ContextOverflow(outcome.overflow.message())

@@ -2,8 +2,9 @@
 
 from proxy.dialects.base import Conversation, Dialect, Usage, group_digest, opaque
 from proxy.dialects.chat import CHAT
+from proxy.dialects.messages import MESSAGES
 
 # Every API whose requests the engine rewrites: `POST /v1/{upstream_path}` (and under `/s/{id}`) per entry.
-DIALECTS: tuple[Dialect, ...] = (CHAT,)
+DIALECTS: tuple[Dialect, ...] = (CHAT, MESSAGES)
 
-__all__ = ["CHAT", "DIALECTS", "Conversation", "Dialect", "Usage", "group_digest", "opaque"]
+__all__ = ["CHAT", "DIALECTS", "MESSAGES", "Conversation", "Dialect", "Usage", "group_digest", "opaque"]

@@ -76,6 +76,9 @@ class ChatDialect:
         metadata = body.get("metadata")
         return (metadata.get("session_id") if isinstance(metadata, dict) else None,)
 
+    def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body  # OpenAI caches every prefix by itself
+
     def with_usage_requested(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """A stream asks for the usage chunk; one the client did not ask for itself is dropped before it sees it."""
         if body.get("stream") is not True:
