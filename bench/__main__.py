@@ -1,5 +1,5 @@
-"""`python -m bench overhead|scaling|memory|savings|anthropic|profile|stall|ab|smoke|quality [-n N] [--ref REV]
-[--json FILE]`.
+"""`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|long-event`
+`[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -44,6 +44,12 @@ def _savings(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return asyncio.run(savings.run_savings(limit=ns.n or None)), savings.render
 
 
+def _responses(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import responses
+
+    return asyncio.run(responses.run_responses(limit=ns.n or None)), responses.render
+
+
 def _anthropic(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import anthropic
 
@@ -65,13 +71,19 @@ def _stall(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
 def _ab(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import ab
 
-    return ab.run_ab(ns.ref, n=ns.n or 800), ab.render
+    return ab.run_ab(ns.ref or "HEAD~1", n=ns.n or 800), ab.render
 
 
 def _smoke(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import smoke
 
     return smoke.run_smoke(), smoke.render
+
+
+def _long_event(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import long_event
+
+    return long_event.run_long_event([ns.n] if ns.n else [40, 80], ns.ref), long_event.render
 
 
 def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -85,12 +97,14 @@ COMMANDS: dict[str, Runner] = {
     "scaling": _scaling,
     "memory": _memory,
     "savings": _savings,
+    "responses": _responses,
     "anthropic": _anthropic,
     "profile": _profile,
     "stall": _stall,
     "ab": _ab,
     "smoke": _smoke,
     "quality": _quality,
+    "long-event": _long_event,
 }
 
 
@@ -101,9 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         "-n",
         type=int,
         default=0,
-        help="requests (overhead, memory; ab: per block), warm turns (scaling, profile), turns (savings)",
+        help="requests (overhead, memory; ab: per block), warm turns (scaling, profile), turns (savings), "
+        "MB (long-event)",
     )
-    parser.add_argument("--ref", default="HEAD~1", help="ab: the git revision to compare the working tree with")
+    parser.add_argument(
+        "--ref", default=None, help="ab (default HEAD~1), long-event: the git revision to compare the working tree with"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the raw result as JSON")
     ns = parser.parse_args(argv)
     started = time.monotonic()

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from bench.overhead import _block, _blocks, request_body
-from bench.procs import ROOT, Server, spawn
+from bench.procs import ROOT, Server, spawn, tree_at
 from bench.stats import table
 
 CONCURRENCY = 16
@@ -46,10 +44,7 @@ async def _compare(old: Server, new: Server, stream: bool, n: int, rounds: int) 
 
 
 def run_ab(ref: str, n: int = 800, rounds: int = 8) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-ab-") as folder:
-        tree = Path(folder)
-        archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    with tree_at(ref) as tree:
         sim = spawn("sim")
         servers = [sim]
         try:

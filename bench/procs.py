@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +54,15 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def tree_at(ref: str) -> Iterator[Path]:
+    """`git archive REF` unpacked into a temporary folder: a tree to `spawn` an earlier commit's servers from."""
+    with tempfile.TemporaryDirectory(prefix="bench-tree-") as folder:
+        archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+        yield Path(folder)
 
 
 def spawn(kind: str, *args: str, tree: Path = ROOT) -> Server:

@@ -188,6 +188,8 @@ class Setting:
 
 SETTINGS = (
     Setting("proxy default"),
+    Setting("proxy before in-use (keep_tokens=2000)", clear={"in_use_turns": 0, "keep_tokens": 2000}),
+    Setting("proxy in-use off", clear={"in_use_turns": 0}),
     Setting("proxy keep_tokens=8000", clear={"keep_tokens": 8000}),
     Setting("proxy keep_tokens=20000", clear={"keep_tokens": 20000}),
     Setting("proxy clear_at_least=4000", clear={"clear_at_least": 4000}),

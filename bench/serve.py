@@ -25,6 +25,10 @@ async def _start(ns: argparse.Namespace) -> tuple[web.AppRunner, int, str]:
         config = SimulatorConfig(models=dict(SIM_MODELS), chunks=ns.chunks, record_limit=8)
         runner, url = await start_simulator(config)
         return runner, int(url.rsplit(":", 1)[1].split("/")[0]), "simulator"
+    if ns.kind == "long-event":
+        from bench.long_event import start_upstream
+
+        return await start_upstream()
     if ns.kind == "relay":
         from bench.relay import create_relay_app
 
@@ -62,7 +66,7 @@ async def _main(ns: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.serve")
-    parser.add_argument("kind", choices=["sim", "relay", "proxy"])
+    parser.add_argument("kind", choices=["sim", "relay", "proxy", "long-event"])
     parser.add_argument("--upstream", default="", help="base URL ending in /v1 (relay, proxy)")
     parser.add_argument("--chunks", type=int, default=16, help="simulator: content chunks per streamed answer")
     parser.add_argument("--passthrough", action="store_true", help="proxy: no context engine")

@@ -186,10 +186,10 @@ class BodyMemos:
         body = parse_chat_body(raw)
         digests = [message_digest(m) for m in body["messages"]]
         if self._worth_remembering(scope, digests, [memo for _, memo in candidates]):
-            memo = _remembered(raw, body, digests)
-            if memo is not None and memo.cost <= self.budget:
+            remembered = _remembered(raw, body, digests)
+            if remembered is not None and remembered.cost <= self.budget:
                 with self._lock:
-                    self._add(scope, memo)
+                    self._add(scope, remembered)
         return Parsed(body, digests)
 
     def _worth_remembering(self, scope: str, digests: list[bytes], candidates: list[_Memo]) -> bool:

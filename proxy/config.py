@@ -1,7 +1,7 @@
 """The one config loader: `proxy.toml` plus `sessions/*.toml`, re-read when they change.
 
-A broken file is reported with its path (and line, for TOML errors) and the last
-good version stays in force.
+Every key is checked (`proxy.config_schema`): a broken file is reported in one line with its
+path, line and key, and on reload the last good version stays in force.
 """
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ import fnmatch
 import logging
 import os
 import tomllib
-from dataclasses import dataclass, field, replace
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from proxy.config_schema import ConfigError, Source, checked, validate
 from proxy.context.policy import ModelInfo, Policy, policy_from_dict
 
 log = logging.getLogger("proxy.config")
@@ -32,6 +34,13 @@ class ServerConfig:
     max_body_mb: float = 32
     # Env var holding a token for /sessions and /metrics; required off loopback.
     admin_token_env: str = ""
+    # Hostile clients (proxy/connections.py, proxy/request_body.py): with these, a client silent for
+    # 60 s anywhere before its request is complete is closed, and memory for bodies is bounded.
+    max_connections: int = 1000  # past it a new connection gets 503 and is closed
+    header_timeout_s: float = 60  # a request head must be complete this long after its first byte
+    body_timeout_s: float = 60  # longest silence while a request body is read (408)
+    keepalive_timeout_s: float = 60  # an idle connection (no request under way) is closed after this
+    body_budget_mb: float = 96  # request bodies held in memory at once, all requests together (past it: 503)
 
 
 @dataclass(frozen=True)
@@ -48,9 +57,14 @@ class AnthropicConfig:
 
     base_url: str = "https://api.anthropic.com"  # without /v1
     api_key_env: str = ""  # set: the proxy sends $VAR's key as x-api-key, never the client's
-    place_breakpoints: bool = (
-        True  # add cache_control breakpoints where the client left slots (proxy.dialects.breakpoints)
-    )
+    place_breakpoints: bool = True  # add cache_control breakpoints where the client left slots (never past 4)
+
+
+@dataclass(frozen=True)
+class ResponsesConfig:
+    """The Responses API (`/v1/responses`): a client without `prompt_cache_key` gets its session id as one."""
+
+    set_prompt_cache_key: bool = True
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,11 @@ class StateConfig:
     idle_ttl_s: float = 6 * 3600
     path: str = ""  # SQLite file; empty = memory only
     body_memo_mb: float = 64  # last bodies of recent sessions, so a warm turn parses only what is new; 0 = off
+    max_session_kb: float = 2048  # a session's stored size (SQLite row, Redis value); larger ones stay in memory only
+    redis_url: str = ""  # redis://host:port/db (rediss:// for TLS): sessions shared by every instance and worker
+    redis_password_env: str = ""  # env var with the Redis password, when it is not in the URL
+    redis_timeout_ms: float = 250  # one Redis call; past it the turn goes on from this process's own state
+    redis_retry_s: float = 1.0  # after a failure, Redis is tried again this long after
 
     @property
     def body_memo_bytes(self) -> int:
@@ -98,6 +117,7 @@ class Settings:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     state: StateConfig = field(default_factory=StateConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     anthropic: AnthropicConfig = field(default_factory=AnthropicConfig)
     models: tuple[ModelInfo, ...] = ()
     default_encoding: str = "o200k_base"
@@ -148,10 +168,6 @@ class Settings:
         return policy, rule.capsules
 
 
-class ConfigError(ValueError):
-    """A config file that cannot be used, with its path (and line) in the message."""
-
-
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
@@ -162,109 +178,94 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_toml(path: Path) -> tuple[dict[str, Any], Source]:
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-
-
-def _section(cls: type, data: Any, path: Path, name: str) -> Any:
-    if data is None:
-        return cls()
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: [{name}] must be a table")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc.reason}") from exc
     try:
-        return cls(**data)
-    except TypeError as exc:
-        raise ConfigError(f"{path}: [{name}]: {exc}") from exc
+        return tomllib.loads(text), Source(path, text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
 
 
-def _models(data: Any, path: Path) -> tuple[ModelInfo, ...]:
+def _sections() -> dict[str, type]:
+    """The plain sections of proxy.toml: every dataclass field of Settings but the policy."""
+    hints = typing.get_type_hints(Settings)
+    return {f.name: hints[f.name] for f in fields(Settings) if is_dataclass(hints[f.name]) and f.name != "policy"}
+
+
+def _policy(base: dict[str, Any], overrides: Any, source: Source) -> Policy:
+    """The policy `overrides` make of `base` (both TOML-shaped), every key checked."""
+    validate(Policy, overrides, source, ["policy"])
+    try:
+        return policy_from_dict(_deep_merge(base, overrides))
+    except ValueError as exc:  # what no single key says (low_water above high_water, ...)
+        raise source.error(["policy"], None, str(exc)) from None
+
+
+def _models(data: Any, source: Source) -> tuple[ModelInfo, ...]:
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: [models] must be a table of model globs")
-    out = []
-    for pattern, row in data.items():
-        if not isinstance(row, dict):
-            raise ConfigError(f"{path}: [models.{pattern!r}] must be a table")
-        try:
-            out.append(ModelInfo(pattern=pattern, **row))
-        except TypeError as exc:
-            raise ConfigError(f"{path}: [models.{pattern!r}]: {exc}") from exc
-    return tuple(out)
+        raise source.error(["models"], None, "must be a table of model globs")
+    return tuple(checked(ModelInfo, row, source, ["models", glob], pattern=glob) for glob, row in data.items())
 
 
-def _capsules(data: Any, path: Path) -> tuple[CapsuleSpec, ...]:
+def _capsules(data: Any, source: Source) -> tuple[CapsuleSpec, ...]:
     if not isinstance(data, list):
-        raise ConfigError(f"{path}: [[capsules]] must be an array of tables")
+        raise source.error([], "capsules", "must be an array of tables ([[capsules]])")
     out = []
     for i, item in enumerate(data):
-        if not isinstance(item, dict):
-            raise ConfigError(f"{path}: capsule #{i + 1} must be a table")
-        item = dict(item)
-        if "file" in item:
-            file = (path.parent / str(item.pop("file"))).resolve()
+        item = dict(item) if isinstance(item, dict) else item
+        if isinstance(item, dict) and "file" in item:
+            file = (source.path.parent / str(item.pop("file"))).resolve()
             try:
                 item["text"] = file.read_text(encoding="utf-8")
             except OSError as exc:
-                raise ConfigError(f"{path}: capsule #{i + 1}: cannot read {file}: {exc.strerror}") from exc
-        item["tags"] = tuple(item.get("tags", ()))
-        try:
-            out.append(CapsuleSpec(**item))
-        except TypeError as exc:
-            raise ConfigError(f"{path}: capsule #{i + 1}: {exc}") from exc
+                raise source.error(["capsules", i], "file", f"cannot read {file}: {exc.strerror}") from None
+        out.append(checked(CapsuleSpec, item, source, ["capsules", i]))
     return tuple(out)
 
 
 def load_session_rule(path: Path, policy_data: dict[str, Any]) -> SessionRule:
-    data = _read_toml(path)
-    match = data.get("match", [])
+    data, source = _read_toml(path)
+    source.refuse_unknown(data, ["match", "policy", "capsules"])
+    match = data.get("match")
     if isinstance(match, str):
         match = [match]
-    if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
-        raise ConfigError(f"{path}: match must be a list of session ids or globs")
+    if not match or not isinstance(match, list) or not all(isinstance(m, str) for m in match):
+        problem = "required: the session ids or globs this file applies to" if match is None else "must be"
+        raise source.error([], "match", problem if match is None else f"{problem} a list of session ids or globs")
     overrides = data.get("policy", {})
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"{path}: [policy] must be a table")
-    try:  # validate now, so a bad override is reported at load, not at request time
-        policy_from_dict(_deep_merge(policy_data, overrides))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: [policy]: {exc}") from exc
-    return SessionRule(str(path), tuple(match), overrides, _capsules(data.get("capsules", []), path))
+    _policy(policy_data, overrides, source)  # checked now, so a bad override is reported at load, not per request
+    return SessionRule(str(path), tuple(match), overrides, _capsules(data.get("capsules", []), source))
 
 
 def load_settings(
     path: str | Path | None = None, upstream_url: str | None = None, anthropic_url: str | None = None
 ) -> Settings:
-    """Read `proxy.toml` and the `sessions/` folder beside it; raise ConfigError on a broken one."""
+    """Read `proxy.toml` and the `sessions/` folder beside it; raise ConfigError (one line) on a broken one."""
     path = Path(path) if path else DEFAULT_CONFIG
-    data = _read_toml(path)
+    data, source = _read_toml(path)
+    internal = {"policy_data", "sessions", "path"}
+    source.refuse_unknown(data, [f.name for f in fields(Settings) if f.init and f.name not in internal])
+    validate(Settings, data, source, [], only=frozenset({"default_encoding"}))
     policy_data = data.get("policy", {})
-    if not isinstance(policy_data, dict):
-        raise ConfigError(f"{path}: [policy] must be a table")
-    try:
-        policy = policy_from_dict(policy_data)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: [policy]: {exc}") from exc
-    upstream = _section(UpstreamConfig, data.get("upstream"), path, "upstream")
+    policy = _policy({}, policy_data, source)
+    sections = {name: checked(cls, data.get(name), source, [name]) for name, cls in _sections().items()}
     if upstream_url:
-        upstream = replace(upstream, base_url=upstream_url)
-    state = _section(StateConfig, data.get("state"), path, "state")
-    anthropic = _section(AnthropicConfig, data.get("anthropic"), path, "anthropic")
+        validate(UpstreamConfig, {"base_url": upstream_url}, Source(Path("--upstream")), [])
+        sections["upstream"] = replace(sections["upstream"], base_url=upstream_url)
     if anthropic_url:
-        anthropic = replace(anthropic, base_url=anthropic_url)
+        validate(AnthropicConfig, {"base_url": anthropic_url}, Source(Path("--anthropic-upstream")), [])
+        sections["anthropic"] = replace(sections["anthropic"], base_url=anthropic_url)
+    state = sections["state"]
     if state.path and not Path(state.path).is_absolute():  # relative to the config file, not the cwd
-        state = replace(state, path=str(path.parent / state.path))
+        sections["state"] = replace(state, path=str(path.parent / state.path))
     settings = Settings(
-        server=_section(ServerConfig, data.get("server"), path, "server"),
-        upstream=upstream,
-        state=state,
-        auth=_section(AuthConfig, data.get("auth"), path, "auth"),
-        anthropic=anthropic,
-        models=_models(data.get("models", {}), path),
+        **sections,
+        models=_models(data.get("models", {}), source),
         default_encoding=str(data.get("default_encoding", "o200k_base")),
         policy_data=policy_data,
         policy=policy,
@@ -310,6 +311,7 @@ class ConfigHolder:
         stamp = snapshot(config_files(self.settings))
         if stamp == self._stamp or not self.settings.path:
             return False
+        changed = _changed_files(self._stamp, stamp)
         self._stamp = stamp
         try:
             fresh = load_settings(self.settings.path, self.upstream_url)
@@ -317,6 +319,8 @@ class ConfigHolder:
             self.last_error = str(exc)
             log.error("config not reloaded, keeping the last good version: %s", exc)
             return False
+        if waiting := _needs_restart(self.settings, fresh):
+            log.warning("config: %s changed; that takes effect after a restart", ", ".join(waiting))
         # A running server keeps its bind address and upstream; the rest takes effect.
         self.settings = replace(
             fresh,
@@ -325,5 +329,29 @@ class ConfigHolder:
             anthropic=replace(fresh.anthropic, base_url=self.settings.anthropic.base_url),
         )
         self.last_error = None
-        log.info("config reloaded from %s", self.settings.path)
+        log.info("config reloaded (%s changed)", ", ".join(changed) or self.settings.path)
         return True
+
+
+# Read once at start: a change to these is reported on reload as waiting for a restart.
+RESTART_SECTIONS = ("server", "upstream", "state")
+LIVE_ON_RELOAD = frozenset({"state.body_memo_mb"})
+
+
+def _needs_restart(running: Settings, fresh: Settings) -> list[str]:
+    """`section.key` of every changed key the running process cannot take without a restart."""
+    out = []
+    for section in RESTART_SECTIONS:
+        old, new = getattr(running, section), getattr(fresh, section)
+        for f in fields(old):
+            name = f"{section}.{f.name}"
+            if getattr(old, f.name) != getattr(new, f.name) and name not in LIVE_ON_RELOAD:
+                out.append(name)
+    return out
+
+
+def _changed_files(before: tuple[tuple[str, float, int], ...], after: tuple[tuple[str, float, int], ...]) -> list[str]:
+    """The files (not folders) added, removed or changed between two snapshots."""
+    old = {path: rest for path, *rest in before}
+    new = {path: rest for path, *rest in after}
+    return sorted(p for p in old.keys() | new.keys() if old.get(p) != new.get(p) and not os.path.isdir(p))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -212,6 +213,8 @@ def simulate_main(args: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--delay-ms", type=int, default=50, help="pause between streamed chunks (default 50)")
     ns = parser.parse_args(args)
+    # SIGTERM (`docker stop`; as PID 1 Python would ignore it) stops the simulator like Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve_simulator(ns.host, ns.port, ns.delay_ms))
     return 0

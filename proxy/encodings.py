@@ -89,6 +89,6 @@ def get_encoding(name: str) -> tiktoken.Encoding:
         # tiktoken keeps the Python rank table only to pickle the encoding; its Rust core holds its
         # own copy. Dropping it saves ~37 MB per process (we never pickle an encoding).
         if getattr(encoding, "_mergeable_ranks", None) is not None:
-            encoding._mergeable_ranks = None
+            encoding._mergeable_ranks = None  # type: ignore[assignment]
         _cache[name] = encoding
         return encoding

@@ -21,7 +21,7 @@ from aiohttp import web
 from proxy.errors import UpstreamError
 from proxy.metrics import METRICS
 from proxy.seam import PreparedTurn
-from proxy.sse import EVENT_END, MAX_EVENT_BYTES, SseEvents, event_data
+from proxy.sse import EVENT_END, MAX_EVENT_BYTES, Piece, SseEvents, event_data
 from proxy.stream_ends import STREAM_APIS, EndWatch
 from proxy.upstream import end_to_end
 
@@ -61,15 +61,17 @@ class SseUsageFilter:
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to relay now."""
-        out = []
-        for piece in self.events.feed(chunk):
-            data = piece.data
-            if self.watch is not None:
-                self.watch.see(piece)
-            if piece.whole and self.reads_usage and _USAGE_OBJECT.search(data):
-                data = self._read_events(data)
-            out.append(data)
-        return out[0] if len(out) == 1 else b"".join(out)
+        pieces = self.events.feed(chunk)
+        if len(pieces) == 1:
+            return self._relayed(pieces[0])
+        return b"".join([self._relayed(piece) for piece in pieces])
+
+    def _relayed(self, piece: Piece) -> bytes:
+        if self.watch is not None:
+            self.watch.see(piece)
+        if piece.whole and self.reads_usage and _USAGE_OBJECT.search(piece.data):
+            return self._read_events(piece.data)
+        return piece.data
 
     def finish(self) -> bytes:
         """At the upstream's clean end: its unfinished last event, unless the stream is cut (then dropped)."""

@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -24,8 +24,8 @@ from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.metrics import METRICS
 from proxy.relay import read_head, relay
-from proxy.request_body import read_body
-from proxy.seam import PassthroughTurn, PreparedTurn
+from proxy.request_body import buffered_body
+from proxy.seam import BodyParser, ContextService, PassthroughTurn, PreparedTurn
 
 log = logging.getLogger("proxy.server")
 
@@ -48,15 +48,15 @@ def _credential(request: web.Request) -> str:
     return f"{proxy_key}\n{token}" if proxy_key else token
 
 
-def _parse_and_prepare(context: Any, parses: bool, dialect: Dialect, raw: bytes, **request: Any) -> Any:
+def _parse_and_prepare(
+    context: ContextService, parses: bool, dialect: Dialect, raw: bytes, **request: Any
+) -> PreparedTurn:
     """Validate the body and let the engine prepare the turn (`parses`: the service parses chat bodies itself)."""
     if parses and dialect is CHAT:
-        parsed = context.parse_body(raw, **request)
-        return context.prepare(**request, body=parsed.body, digests=parsed.digests)
-    body = dialect.parse(raw)
-    if dialect is CHAT:  # a service that knows only chat takes the seam's original call
-        return context.prepare(**request, body=body)
-    return context.prepare(**request, body=body, dialect=dialect)
+        parser = cast(BodyParser, context)  # create_app checked it once (a Protocol check per request is slow)
+        parsed = parser.parse_body(raw, **request)
+        return parser.prepare(**request, body=parsed.body, dialect=dialect, digests=parsed.digests)
+    return context.prepare(**request, body=dialect.parse(raw), dialect=dialect)
 
 
 async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> PreparedTurn:
@@ -86,6 +86,26 @@ async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> Prepar
     return turn
 
 
+async def _head(response: aiohttp.ClientResponse, dialect: Dialect) -> bytes:
+    """What tells whether the upstream refused for length: a 400's body, or a stream's first events.
+
+    A stream is read only while the dialect says it may still turn into a refusal (Responses sends
+    `response.created` first); those bytes go to the client afterwards, as they came.
+    """
+    if response.status == 400:
+        return await read_head(response, ERROR_PEEK_BYTES)
+    head = b""
+    try:
+        while len(head) < ERROR_PEEK_BYTES and dialect.stream_undecided(head):
+            chunk = await response.content.readany()
+            if not chunk:
+                break
+            head += chunk
+    except (TimeoutError, aiohttp.ClientError):
+        pass  # a stream broken this early: the relay meets the same error and ends the client's stream as cut
+    return head
+
+
 async def _send(
     request: web.Request, dialect: Dialect, turn: PreparedTurn, raw: bytes
 ) -> tuple[aiohttp.ClientResponse, bytes]:
@@ -108,13 +128,14 @@ async def _send(
             route=dialect.name,
             identity=True,
         )
-        if response.status != 400 or retried:
+        refusal = response.status == 400 or (response.status == 200 and response.content_type == "text/event-stream")
+        if not refusal or retried:
             return response, b""
         try:
-            head = await read_head(response, ERROR_PEEK_BYTES)
+            head = await _head(response, dialect)
         except (TimeoutError, aiohttp.ClientError) as exc:
             response.close()
-            raise UpstreamError("The upstream broke off its error response.", code="upstream_broken") from exc
+            raise UpstreamError("The upstream broke off its response.", code="upstream_broken") from exc
         tokens = dialect.overflow_tokens(response.status, head)
         refitted = turn.refit(tokens) if tokens is not None else None
         if refitted is None:
@@ -126,10 +147,16 @@ async def _send(
 
 async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     """A rewritten route (one per dialect): validate, let the engine prepare the turn, forward, relay."""
-    raw = await read_body(request, request.app[HOLDER].settings)
-    turn = await _prepare(request, dialect, raw)
-    response, head = await _send(request, dialect, turn, raw)
-    return await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
+    async with buffered_body(request, request.app[HOLDER].settings) as raw:  # held against the budget until sent
+        turn = await _prepare(request, dialect, raw)
+        await turn.commit()  # a shared session store may re-run the turn on a newer journal here
+        response, head = await _send(request, dialect, turn, raw)
+    relayed = await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
+    try:
+        await turn.commit()  # its usage (and a refit's journal), before a chunked answer ends
+    except Exception:  # the answer is delivered; a bookkeeping failure must not become a 500
+        log.exception("writing the turn's usage to the session store failed")
+    return relayed
 
 
 def _rewrite_route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from proxy.dialects import Dialect
 
 
 class PreparedTurn(Protocol):
@@ -22,16 +25,22 @@ class PreparedTurn(Protocol):
 
     def refit(self, reported_prompt_tokens: int) -> dict | None: ...  # upstream said context_length_exceeded
 
+    # Write the turn to the session store: awaited before the body is sent (a shared store may re-run
+    # the turn on a newer journal, changing `body`) and again after the answer (its usage).
+    async def commit(self) -> None: ...
+
 
 @runtime_checkable
 class ContextService(Protocol):
     def prepare(
-        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str
+        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str, dialect: Dialect
     ) -> PreparedTurn: ...  # raises proxy.errors.ProxyError to answer locally (e.g. ContextOverflow)
 
     def sessions_json(self) -> list[dict[str, Any]] | None: ...  # GET /sessions; None: this service keeps none
 
     def session_json(self, session_id: str) -> dict[str, Any] | None: ...  # GET /sessions/{id}; None: not found
+
+    def state_problem(self) -> str | None: ...  # why the session store is degraded (/healthz "state"); None: ok
 
 
 class ParsedBody(Protocol):
@@ -54,6 +63,7 @@ class BodyParser(Protocol):
         headers: Mapping[str, str],
         body: dict,
         credential: str,
+        dialect: Dialect,
         digests: list[bytes] | None = None,
     ) -> PreparedTurn: ...
 
@@ -74,12 +84,15 @@ class PassthroughTurn:
     def refit(self, reported_prompt_tokens: int) -> dict | None:
         return None
 
+    async def commit(self) -> None:
+        return None
+
 
 class PassthroughService:
     """The shell's default engine: body unchanged, no headers, no stripping."""
 
     def prepare(
-        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str
+        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str, dialect: Dialect
     ) -> PassthroughTurn:
         return PassthroughTurn(body=body)
 
@@ -87,4 +100,7 @@ class PassthroughService:
         return None
 
     def session_json(self, session_id: str) -> None:
+        return None
+
+    def state_problem(self) -> None:
         return None

@@ -25,10 +25,12 @@ from proxy.access import (
 )
 from proxy.app_keys import CONTEXT, ENGINE_THREAD, HOLDER, PARSES_BODIES, UPSTREAM
 from proxy.config import ConfigHolder
+from proxy.connections import ConnectionGuard, GuardedSite, raise_file_limit
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError, error_response
+from proxy.logs import AcceptFailures, guarded_logger
 from proxy.metrics import METRICS
 from proxy.relay import relay
-from proxy.request_body import StreamedBody, max_body, too_large
+from proxy.request_body import BODY_BUDGET, BodyBudget, StreamedBody, max_body, too_large
 from proxy.rewrite import REWRITE_ROUTES, ROUTE_DIALECTS
 from proxy.seam import BodyParser, ContextService, PassthroughService
 from proxy.stream_ends import api_for_path
@@ -73,15 +75,21 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             route="passthrough",
         )
     except UpstreamError:
-        if body is not None and body.too_large:  # the upstream saw the body cut off because it was too large
-            raise body.too_large from None
+        if body is not None and body.failure:  # the upstream saw the body cut off: too large, or stalled
+            raise body.failure from None
         raise
     return await relay(request, response, route="passthrough", api=api_for_path(request.method, tail))
 
 
 async def healthz(request: web.Request) -> web.Response:
     holder = request.app[HOLDER]
-    status = {"status": "ok", "config_error": holder.last_error}
+    state_problem = request.app[CONTEXT].state_problem()
+    status = {
+        "status": "ok",
+        "config_error": holder.last_error,
+        "state": "degraded" if state_problem else "ok",
+        "state_error": state_problem,
+    }
     return web.Response(body=orjson.dumps(status), content_type="application/json")
 
 
@@ -152,12 +160,16 @@ async def _observed(request: web.Request, handler: Handler) -> web.StreamRespons
 
 
 async def _reload_config(holder: ConfigHolder) -> None:
+    failing = ""  # the same failure each second (out of descriptors, say) is logged once, not every time
     while True:
         await asyncio.sleep(RELOAD_INTERVAL_S)
         try:
             await asyncio.to_thread(holder.reload_if_changed)
-        except Exception:
-            log.exception("config reload failed")
+            failing = ""
+        except Exception as exc:
+            if repr(exc) != failing:
+                log.exception("config reload failed")
+            failing = repr(exc)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -185,6 +197,7 @@ def create_app(
     app[UPSTREAM] = upstream if upstream is not None else Upstream(holder)
     # One worker: engine turns on it run one at a time, and each session's lock orders it with the loop.
     app[ENGINE_THREAD] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="context-engine")
+    app[BODY_BUDGET] = BodyBudget(int(holder.settings.server.body_budget_mb * 1024 * 1024))
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
     for dialect, handler in REWRITE_ROUTES.items():
@@ -223,25 +236,44 @@ async def start(
     return await serve_app(create_app(holder, context=context, upstream=upstream), host, port)
 
 
-async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
-    """Serve an app from `create_app` the way the proxy runs: handlers cancelled on disconnect, paths-only log."""
+async def serve_app(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False
+) -> tuple[web.AppRunner, int]:
+    """Serve an app from `create_app` the way the proxy runs: handlers cancelled on disconnect, paths-only log,
+    connections limited and timed (proxy/connections.py); `reuse_port`: one of several workers on the port."""
+    server = app[HOLDER].settings.server
     runner = web.AppRunner(
         app,
         handler_cancellation=True,  # a client that hangs up cancels its handler, and so its upstream request
         access_log_class=PathAccessLogger,
-        access_log=logging.getLogger("proxy.access"),
+        access_log=guarded_logger("proxy.access"),
+        logger=guarded_logger("proxy.http"),  # aiohttp's protocol errors, without the client's bytes
+        keepalive_timeout=server.keepalive_timeout_s,
         shutdown_timeout=1.0,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        guard = ConnectionGuard(server.max_connections, server.header_timeout_s)
+        await GuardedSite(runner, host, port, guard, reuse_port=reuse_port).start()
+    except OSError as exc:  # port taken, address not ours, host unknown: one line, nothing left open
+        await runner.cleanup()
+        reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
+        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from exc
     return runner, runner.addresses[0][1]
 
 
-async def _serve_until_stopped(holder: ConfigHolder, host: str, port: int, context: ContextService | None) -> None:
-    runner, bound = await start(holder, host, port, context=context)
-    stop = asyncio.Event()
+class ListenError(OSError):
+    """The address to serve on cannot be bound."""
+
+
+async def _serve_until_stopped(
+    holder: ConfigHolder, host: str, port: int, context: ContextService | None, reuse_port: bool
+) -> None:
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(AcceptFailures(loop))  # out of descriptors: one line per interval, with a count
+    raise_file_limit(holder.settings.server.max_connections)
+    runner, bound = await serve_app(create_app(holder, context=context), host, port, reuse_port=reuse_port)
+    stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
@@ -256,6 +288,8 @@ async def _serve_until_stopped(holder: ConfigHolder, host: str, port: int, conte
         await runner.cleanup()
 
 
-def serve(holder: ConfigHolder, host: str, port: int, *, context: ContextService | None = None) -> None:
-    """Serve until SIGINT/SIGTERM (the CLI's `serve`)."""
-    asyncio.run(_serve_until_stopped(holder, host, port, context))
+def serve(
+    holder: ConfigHolder, host: str, port: int, *, context: ContextService | None = None, reuse_port: bool = False
+) -> None:
+    """Serve until SIGINT/SIGTERM (the CLI's `serve`; `reuse_port`: one of several workers on the port)."""
+    asyncio.run(_serve_until_stopped(holder, host, port, context, reuse_port))

@@ -28,7 +28,7 @@ from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
 from proxy.seam import PassthroughTurn
 from proxy.sessions import SESSION_HEADER, Session, TurnStats, header_value, scoped_key, session_id_for, visible_id
-from proxy.state import SessionStore
+from proxy.state import SessionStore, store_from_config
 from proxy.tokens import TokenCounter, counter_for
 
 _POLICY = ("policy",)
@@ -61,6 +61,7 @@ class _Inputs:
     counter: TokenCounter
     capsules: tuple[Capsule, ...]
     cuts: CutCache
+    cache_key: str | None = None  # the session id, for APIs that route their prompt cache by one
     cache_breakpoints: bool = False  # the dialect may add prompt-cache breakpoints ([anthropic] place_breakpoints)
 
     def run(self, journal: Journal, correction: float) -> Outcome:
@@ -106,10 +107,16 @@ class EngineTurn:
         self.stats = TurnStats()
         self.outcome: Outcome | None = None
         self.correction = 1.0
+        self.stored_journal: Journal | None = None  # what the session store last wrote for this turn
+        self.usage_stored = False
 
     @property
     def dialect(self) -> Dialect:
         return self.inputs.dialect
+
+    @property
+    def model(self) -> str:
+        return self.inputs.conversation.model
 
     @property
     def estimate(self) -> float:
@@ -126,6 +133,8 @@ class EngineTurn:
         body = self.client_body
         if not self.unchanged:
             body = self.dialect.render(body, conversation, out, outcome.sources)
+        if self.inputs.cache_key:
+            body = self.dialect.with_session(body, self.inputs.cache_key)
         if self.inputs.cache_breakpoints:
             body = self.dialect.with_cache_breakpoints(body)
         self.body, self.strip_usage_chunk = self.dialect.with_usage_requested(body)
@@ -163,10 +172,27 @@ class EngineTurn:
         SAVED.inc(stats.direct_cost_usd - stats.cost_usd, policy=policy)
         self.store.save(self.session)
 
+    async def commit(self) -> None:
+        """Write the turn to the session store: before it is sent (a shared store may re-run it), and its usage."""
+        await self.store.commit(self)
+
+    def realign(self) -> None:
+        """Another process wrote this session first: run the turn again on the journal it left."""
+        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction)
+        with self.session.lock:
+            self.journal_before = self.session.journal
+            outcome = self.inputs.run(self.journal_before, correction)
+            if outcome.overflow:
+                raise ContextOverflow(outcome.overflow.message())
+            self.apply(outcome, correction)
+
     def refit(self, reported_prompt_tokens: int) -> dict | None:
         """Re-run the turn from the journal as it was before it, with our count scaled to the upstream's."""
-        if self.outcome is None or self.stats.retried or reported_prompt_tokens <= 0 or self.estimate <= 0:
+        if self.outcome is None or self.stats.retried or reported_prompt_tokens < 0 or self.estimate <= 0:
             return None
+        if reported_prompt_tokens == 0:  # too long by an amount the upstream did not say: at least the window
+            window = self.inputs.model.context_window - (self.inputs.conversation.max_output_tokens or 0)
+            reported_prompt_tokens = max(window, round(self.estimate * self.correction)) + 1
         learned = refit_correction(reported_prompt_tokens, self.estimate)
         self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
@@ -233,6 +259,7 @@ class EngineService:
             counter=counter_for(model.encoding),
             capsules=tuple(_capsule(s) for s in specs),
             cuts=self.cuts,
+            cache_key=session_id if settings.responses.set_prompt_cache_key else None,
             cache_breakpoints=settings.anthropic.place_breakpoints,
         )
         session = self.store.get(scoped_key(session_id, credential))
@@ -247,6 +274,14 @@ class EngineService:
             turn.apply(outcome, correction)
         self._record_metrics(policy.name, outcome)
         return turn
+
+    def close(self) -> None:
+        """Write out what the session store has queued (at shutdown)."""
+        self.store.close()
+
+    def state_problem(self) -> str | None:
+        """Why the session store is degraded (`/healthz` "state"), or None."""
+        return self.store.problem
 
     def sessions_json(self) -> list[dict[str, Any]]:
         """`GET /sessions`: one row per session in memory, most recent first; no message text."""
@@ -271,4 +306,4 @@ class EngineService:
 
 def build_context_service(holder: ConfigHolder) -> EngineService:
     """The service a server runs by default: sessions bounded and stored as `[state]` says."""
-    return EngineService(holder, SessionStore.from_config(holder.settings.state))
+    return EngineService(holder, store_from_config(holder.settings.state))

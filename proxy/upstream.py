@@ -6,9 +6,11 @@ after `/v1`, its query string, its end-to-end headers and its body.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
+import ssl
 import time
 from collections.abc import AsyncIterable, Mapping
 
@@ -69,6 +71,24 @@ def _parsed(base_url: str) -> URL:
 @functools.lru_cache(maxsize=8)
 def _timeout(connect_s: float, read_s: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, connect=connect_s, sock_read=read_s)
+
+
+def unreachable_cause(exc: BaseException) -> str:
+    """Why a request never got its answer's headers, in an operator's words (refused, DNS, TLS, reset)."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return f"DNS lookup failed ({exc.os_error.strerror or exc.os_error})"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return f"TLS certificate refused ({exc.certificate_error})"
+    if isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError):
+        return f"TLS handshake failed ({getattr(exc, 'reason', None) or exc})"
+    cause = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(cause, ConnectionResetError) or getattr(cause, "errno", None) == errno.ECONNRESET:
+        return "connection reset"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "connection closed before the answer's headers"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class Upstream:
@@ -164,9 +184,10 @@ class Upstream:
             log.warning("upstream %s timed out before answering (%s)", url.path, type(exc).__name__)
             raise UpstreamError("The upstream did not answer in time.", status=504, code="upstream_timeout") from exc
         except (aiohttp.ClientError, OSError) as exc:
-            log.warning("upstream %s unreachable: %s", url.path, type(exc).__name__)
+            where, why = f"{url.host}:{url.port}", unreachable_cause(exc)
+            log.warning("upstream %s unreachable for %s: %s", where, url.path, why)
             raise UpstreamError(
-                f"The upstream could not be reached ({type(exc).__name__}).", code="upstream_unreachable"
+                f"The upstream {where} could not be reached: {why}.", code="upstream_unreachable"
             ) from exc
         UPSTREAM_LATENCY.observe(time.monotonic() - started, route=route)
         return response

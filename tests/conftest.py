@@ -64,6 +64,9 @@ class RecordingTurn:
         self.refits.append(reported_prompt_tokens)
         return self.refit_body
 
+    async def commit(self) -> None:
+        return None
+
 
 @dataclass
 class RecordingService:
@@ -75,7 +78,7 @@ class RecordingService:
     turns: list[RecordingTurn] = field(default_factory=list)
     calls: list[dict] = field(default_factory=list)
 
-    def prepare(self, *, path_session, headers, body, credential) -> RecordingTurn:
+    def prepare(self, *, path_session, headers, body, credential, dialect) -> RecordingTurn:
         self.calls.append(
             {
                 "path_session": path_session,
@@ -103,3 +106,6 @@ class RecordingService:
 
     def session_json(self, session_id: str) -> dict | None:
         return {"id": session_id} if any(c["path_session"] == session_id for c in self.calls) else None
+
+    def state_problem(self) -> None:
+        return None

@@ -98,6 +98,8 @@ def test_simulate_serves_an_upstream_the_sdk_can_talk_to() -> None:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=10)
         answer = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
         assert answer.choices[0].message.content
+        process.terminate()  # SIGTERM, what `docker stop` sends: a clean stop, not death by signal (-15)
+        assert process.wait(timeout=10) == 0
     finally:
-        process.terminate()
+        process.kill()
         process.wait(timeout=10)

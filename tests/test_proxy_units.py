@@ -80,7 +80,9 @@ def test_every_command_has_help(argv, capsys):
 
 def test_serve_defaults_come_from_the_config(monkeypatch):
     served = {}
-    monkeypatch.setattr("proxy.server.serve", lambda holder, host, port, context: served.update(host=host, port=port))
+    monkeypatch.setattr(
+        "proxy.server.serve", lambda holder, host, port, context, reuse_port=False: served.update(host=host, port=port)
+    )
     assert cli.main(["serve", "--passthrough", "--upstream", "http://127.0.0.1:9/v1"]) == 0
     assert served == {"host": "127.0.0.1", "port": 8787}
     assert cli.main(["serve", "--passthrough", "--port", "9001", "--host", "0.0.0.0"]) == 0

@@ -20,7 +20,7 @@ from proxy.sessions import (
     sanitize_session_id,
     session_id_for,
 )
-from proxy.state import SessionStore
+from proxy.state import SessionStore, SqliteStore, store_from_config
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 TASK = {"role": "user", "content": "Fix the failing test."}
@@ -49,7 +49,8 @@ class Clock:
 
 
 def make_store(**kwargs: Any) -> SessionStore:
-    return SessionStore(new_journal=FakeJournal, journal_from_dict=FakeJournal.from_dict, **kwargs)
+    cls = SqliteStore if "path" in kwargs else SessionStore
+    return cls(new_journal=FakeJournal, journal_from_dict=FakeJournal.from_dict, **kwargs)
 
 
 def body(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -192,14 +193,18 @@ def test_cost_totals_cover_every_turn_though_details_are_bounded(tmp_path) -> No
     assert report["saved_usd"] == pytest.approx(0.01 * (MAX_TURNS_KEPT + 50))
 
 
-def test_a_session_evicted_from_memory_comes_back_from_the_file(tmp_path) -> None:
-    store = make_store(path=tmp_path / "s.sqlite", max_sessions=1)
-    first = store.get("a")
-    first.journal.entries.append("decision")
-    store.save(first)
-    store.get("b")
-    assert "a" not in store
-    assert store.get("a").journal.entries == ["decision"]
+def test_the_file_keeps_the_same_sessions_as_memory_least_recent_out_first(tmp_path) -> None:
+    clock = Clock()
+    store = make_store(path=tmp_path / "s.sqlite", max_sessions=2, clock=clock)
+    for sid in ("a", "b", "c"):
+        session = store.get(sid)
+        session.journal.entries.append(f"decision-{sid}")
+        store.save(session)
+        clock.now += 1
+    store.close()
+    again = make_store(path=tmp_path / "s.sqlite", max_sessions=2, clock=clock)
+    assert sorted(s.id for s in again) == ["b", "c"]
+    assert again.get("b").journal.entries == ["decision-b"]
 
 
 def test_expired_rows_are_deleted_from_the_file(tmp_path) -> None:
@@ -209,10 +214,12 @@ def test_expired_rows_are_deleted_from_the_file(tmp_path) -> None:
     clock.now += 120
     store.get("b")
     assert store.peek("a") is None
+    store.close()
+    assert make_store(path=tmp_path / "s.sqlite", idle_ttl_s=1e9, clock=clock).peek("a") is None
 
 
 def test_from_config_takes_the_state_section(tmp_path) -> None:
-    store = SessionStore.from_config(StateConfig(max_sessions=3, idle_ttl_s=5, path=str(tmp_path / "x.db")))
+    store = store_from_config(StateConfig(max_sessions=3, idle_ttl_s=5, path=str(tmp_path / "x.db")))
     assert (store.max_sessions, store.idle_ttl_s, store.persistent) == (3, 5, True)
 
 

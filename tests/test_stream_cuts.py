@@ -9,6 +9,7 @@ for byte and raises nothing. The cut points are drawn from a seeded RNG (the see
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import socket
@@ -27,8 +28,8 @@ from aiohttp import web
 from proxy.metrics import METRICS
 from proxy.stream_ends import STREAM_APIS
 from tests.conftest import RECORDED_STREAMS
-from tests.harness import Rig, start_rig
-from tests.streams import STREAMS, end_index, split_events
+from tests.harness import Rig
+from tests.streams import STREAMS, end_index, rig_before, split_events
 
 PATHS = {"chat": "chat/completions", "responses": "responses", "messages": "messages"}
 HOW = ("eof", "close", "reset")  # a clean end of the body; the connection closed mid-body; a TCP reset
@@ -60,7 +61,10 @@ async def replay(request: web.Request) -> web.StreamResponse:
         await response.write(events[int(after)][: int(partial)])
     transport = request.transport
     assert transport is not None
-    if how == "close":
+    if how == "silence":  # until the proxy gives up (its read timeout) and hangs up
+        while not transport.is_closing():
+            await asyncio.sleep(0.05)
+    elif how == "close":
         transport.close()  # what was written goes out, then FIN without the body's last chunk
     elif how == "reset":
         sock = transport.get_extra_info("socket")
@@ -71,14 +75,7 @@ async def replay(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    app = web.Application()
-    app.router.add_post("/v1/{tail:.*}", replay)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    rig = await start_rig(upstream_url=f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
-    rig.extra.append(runner)
+    rig = await rig_before(replay)
     yield rig
     await rig.close()
 
@@ -274,3 +271,24 @@ async def test_every_sdk_raises_on_a_cut_stream(rig: Rig, api: str, where: str, 
 
 def test_every_api_the_proxy_rewrites_or_relays_has_its_end_marker() -> None:
     assert set(STREAM_APIS) == set(STREAMS) == set(PATHS)
+
+
+@pytest.mark.parametrize("api", list(STREAMS))
+async def test_an_upstream_gone_silent_mid_stream_gets_the_timeout_error(api: str) -> None:
+    rig = await rig_before(replay, upstream={"read_timeout_s": 0.5})
+    try:
+        name, events, cut = draw_cut(api, "n", "silence")
+        headers = {"X-Stream": name, "X-Cut": cut.header}
+        counted = cut_count(api, "timeout")
+        status, received, clean = await post_raw(rig, api, headers)
+        assert status == 200 and not clean
+        relayed = b"".join(events[: cut.after])
+        assert received.startswith(relayed)
+        error = the_error_event(api, received[len(relayed) :])
+        assert "stopped sending" in orjson.dumps(error).decode()
+        assert cut_count(api, "timeout") == counted + 1
+        for read in READERS[api]:
+            with pytest.raises(SDK_ERRORS, match="cut short"):
+                await read(rig, headers)
+    finally:
+        await rig.close()

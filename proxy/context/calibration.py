@@ -32,13 +32,20 @@ class Calibration:
         return max(self.ratio(model, start), floor)
 
     def learn(self, model: str, prompt_tokens: int, estimate: float) -> None:
-        if estimate < RATIO_MIN_ESTIMATE:
+        observed = observed_ratio(prompt_tokens, estimate)
+        if observed is None:
             return
-        observed = min(RATIO_BOUNDS[1], max(RATIO_BOUNDS[0], prompt_tokens / estimate))
         old = self.ratios.pop(model, observed)
         self.ratios[model] = old + RATIO_SMOOTHING * (observed - old)
         while len(self.ratios) > MAX_MODELS_LEARNED:
             self.ratios.popitem(last=False)
+
+
+def observed_ratio(prompt_tokens: int, estimate: float) -> float | None:
+    """What one turn says about the ratio (bounded), or None when the request was too small to say."""
+    if estimate < RATIO_MIN_ESTIMATE:
+        return None
+    return min(RATIO_BOUNDS[1], max(RATIO_BOUNDS[0], prompt_tokens / estimate))
 
 
 def refit_correction(reported_prompt_tokens: int, estimate: float) -> float:

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.context.messages import Message, content_text, units
+from proxy.context.policy import TRUNCATIONS
 from proxy.context.tokens import Counter, HeuristicCounter
+from proxy.context.window import TruncationStrategy
 
-STRATEGIES = ("truncate_left", "truncate_right", "middle_out", "error")
 PROTECTED_ROLES = ("system", "developer")
 NOTE_TEXT = "[{n} earlier messages omitted]"
 CUT_MARKER = "[... {n} tokens cut ...]"
@@ -82,16 +83,16 @@ def removable_units(messages: Sequence[Message], pin_first_user: bool = True) ->
 
 def removal_order(spans: list[tuple[int, int]], strategy: str) -> list[tuple[int, int]]:
     """The order in which a strategy gives up removable units."""
-    if strategy == "truncate_left":
+    if strategy == TruncationStrategy.TRUNCATE_LEFT.value:
         return list(spans)
-    if strategy == "truncate_right":
+    if strategy == TruncationStrategy.TRUNCATE_RIGHT.value:
         return spans[::-1]
-    if strategy == "middle_out":
+    if strategy == TruncationStrategy.MIDDLE_OUT.value:
         middle = (len(spans) - 1) / 2
         return [spans[j] for j in sorted(range(len(spans)), key=lambda j: (abs(j - middle), j))]
     if strategy == "error":
         return []
-    raise ValueError(f"unknown truncation strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+    raise ValueError(f"unknown truncation strategy {strategy!r}; expected one of {', '.join(TRUNCATIONS)}")
 
 
 def fit_messages(

@@ -42,7 +42,7 @@ def inject_capsules(
         deferred = {c.id for c in fresh}
         state.snapshot = [b for b in now if b.anchor not in deferred]
         return diff
-    if fresh:
+    if fresh and anchor is not None:
         text = "\n\n".join([CAPSULE_HEADER, *(f"[{c.kind}: {c.id}]\n{c.text}" for c in fresh)])
         state.injections.append(Injection(anchor, tuple(_key(c) for c in fresh), text))
     state.snapshot = now

@@ -47,8 +47,9 @@ def content_text(message: Message) -> str | None:
         return content
     if isinstance(content, list):
         texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if texts and all(isinstance(t, str) for t in texts):
-            return "\n".join(texts)
+        strings = [t for t in texts if isinstance(t, str)]
+        if texts and len(strings) == len(texts):
+            return "\n".join(strings)
     return None
 
 

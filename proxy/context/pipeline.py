@@ -52,7 +52,7 @@ class Outcome:
     `sources[j]` is the index of the client message `messages[j]` renders, -1 for one the engine inserted.
     """
 
-    messages: list[dict]
+    messages: list[Message]
     journal: Journal
     report: TurnReport
     overflow: Overflow | None = None
@@ -61,9 +61,9 @@ class Outcome:
 
 def process(
     journal: Journal,
-    messages: list[dict],
+    messages: list[Message],
     *,
-    tools: list | None,
+    tools: Any,
     policy: Policy,
     model: ModelInfo,
     counter: Counter,

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.context.patterns import pattern_problem
+from proxy.context.window import TruncationStrategy
 
-TRUNCATIONS = ("truncate_left", "truncate_right", "middle_out", "error")
+# The seed's strategies, and `error`: answer 400 instead of removing anything.
+TRUNCATIONS = (*(strategy.value for strategy in TruncationStrategy), "error")
 
 DEFAULT_ERROR_PATTERNS = (r"^\s*Error", r"^\s*error:", r"^\s*Traceback")
 
@@ -21,7 +23,8 @@ class ClearPolicy:
     enabled: bool = True
     # Measured on the packaged traces (tests/context/replay.py): smaller is cheaper at every cache
     # discount; the pipeline never clears outputs among the last six messages, whatever these say.
-    keep_tokens: int = 2000
+    # 1000 (was 2000) once outputs in use are spared: as cheap, and loses less (bench/quality.py).
+    keep_tokens: int = 1000
     keep_under: int = 100
     clear_at_least: int = 1000
     errors_keep_under: int | None = 1000
@@ -29,6 +32,10 @@ class ClearPolicy:
     error_patterns: tuple[str, ...] = DEFAULT_ERROR_PATTERNS
     # Regexes that mark *user* messages as tool output (text-mode agents).
     observation_patterns: tuple[str, ...] = ()
+    # Outputs holding a name, path or number the agent quoted in its last `in_use_turns` messages stay,
+    # the newest first, up to `in_use_tokens` of them (either 0 = off).
+    in_use_turns: int = 6
+    in_use_tokens: int = 8000
 
 
 @dataclass(frozen=True)

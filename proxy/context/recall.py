@@ -45,13 +45,17 @@ COMMON = frozenset(_COMMON_WORDS.split())
 
 
 def _specific(word: str) -> bool:
+    """A number of 2+ digits, or a code-like word of 4+ characters: a path or dotted name, or an identifier
+    with `_`, a digit, an inner capital or all capitals. Plain words (`array`, `Convert`) are prose."""
     if word.isdigit():
         return len(word) >= 2
-    return len(word) >= 4 and _LETTER.search(word) is not None and word.lower() not in COMMON
+    if len(word) < 4 or not _LETTER.search(word) or word.lower() in COMMON:
+        return False
+    return not (word.isalpha() and (word.islower() or word[1:].islower()))
 
 
 def specific_tokens(text: str) -> frozenset[str]:
-    """The distinct specific tokens of `text`: whole paths and dotted names, and their parts."""
+    """The distinct specific tokens of `text`: whole paths and dotted names, and their specific parts."""
     found: set[str] = set()
     for chunk in _CHUNK.findall(text):
         chunk = chunk.strip("./-")
@@ -59,6 +63,7 @@ def specific_tokens(text: str) -> frozenset[str]:
             found.add(chunk)
         if _PARTS.search(chunk):
             found.update(part for part in _PARTS.split(chunk) if _specific(part))
+            found.update(part for part in chunk.split("/") if _specific(part))  # `query.py` of a path
         elif chunk[:1].isdigit() and (digits := _LEADING_DIGITS.match(chunk)) and _specific(digits[0]):
             found.add(digits[0])  # sed's `430p`, `42nd`
     return frozenset(found)
@@ -111,19 +116,48 @@ def call_keys(message: Message) -> list[str]:
     return keys
 
 
-def quoted_outputs(
-    output_tokens: Sequence[frozenset[str]], quotes: Sequence[frozenset[str]], min_quoted: int = 1
-) -> list[bool]:
-    """For each output, whether at least `min_quoted` of its specific tokens appear in `quotes` (the agent's recent
-    messages), tokens held by several outputs counting only for the newest that holds them."""
-    quoted = frozenset().union(*quotes) if quotes else frozenset()
+def never_edited(messages: Sequence[Message]) -> frozenset[str]:
+    """Tokens of what no edit removes: the system messages and the task (the first user message)."""
+    fixed = [m for m in messages if m.get("role") in ("system", "developer")]
+    fixed += [m for m in messages if m.get("role") == "user"][:1]
+    return frozenset().union(*(message_tokens(m) for m in fixed))
+
+
+# How many of an output's specific tokens later messages must quote for it to count as in use.
+MIN_QUOTED = 1
+
+
+def outputs_in_use(messages: Sequence[Message], outputs: Sequence[int], recent: int) -> set[int]:
+    """The outputs (indices into `messages`) the agent is working with: each holds a specific token that one of
+    its last `recent` assistant messages wrote after seeing it, that no newer output holds and the system and
+    task do not. The call that produced an output does not count: it names what it asks for.
+
+    Measured on the traces (bench/quality.py), this finds the outputs the agent's next message draws on far
+    better than recency does: what it quoted lately, it quotes again.
+    """
+    if recent <= 0 or not outputs:
+        return set()
+    fixed = never_edited(messages)
+    wanted = set(outputs)
+    quoted: set[str] = set()
     claimed: set[str] = set()
-    marks = [False] * len(output_tokens)
-    for k in range(len(output_tokens) - 1, -1, -1):
-        hits = (output_tokens[k] & quoted) - claimed
-        marks[k] = len(hits) >= min_quoted
-        claimed |= output_tokens[k]
-    return marks
+    used = set()
+    seen = 0
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        if message.get("role") == "assistant":
+            if seen == recent:
+                if not quoted:
+                    break
+                continue
+            quoted |= message_tokens(message) - fixed
+            seen += 1
+        elif i in wanted and quoted:
+            hits = message_tokens(message) & quoted
+            if len(hits - claimed) >= MIN_QUOTED:
+                used.add(i)
+            claimed |= hits
+    return used
 
 
 def _hash(token: str) -> int:

@@ -91,6 +91,10 @@ class Dialect(Protocol):
         """Session ids this API carries, in order of precedence after the path and `X-Session-Id`."""
         ...
 
+    def with_session(self, body: dict[str, Any], session_id: str) -> dict[str, Any]:
+        """The body naming its session where the API routes its prompt cache by it (Responses); else `body`."""
+        ...
+
     def with_usage_requested(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """The body asking the upstream to report usage, and whether the client must not see that report."""
         ...
@@ -103,8 +107,16 @@ class Dialect(Protocol):
         """The input usage from a JSON response body, or from every SSE event payload that held usage."""
         ...
 
+    def stream_undecided(self, head: bytes) -> bool:
+        """True while the start of a streamed 200 holds only events sent before the API may still refuse.
+
+        The shell reads on (and holds those bytes) until this is False, then asks `overflow_tokens(200, head)`.
+        """
+        ...
+
     def overflow_tokens(self, status: int, body: bytes) -> int | None:
-        """The prompt size an upstream "context too long" refusal reports; None when it is not one."""
+        """The prompt size an upstream "context too long" refusal reports (0: too long, size not stated); None
+        when it is not one. `status` 200: `body` is the start of a stream (an API that refuses mid-stream)."""
         ...
 
     def error_body(self, message: str, status: int, code: str | None, param: str | None) -> bytes:

@@ -76,6 +76,9 @@ class ChatDialect:
         metadata = body.get("metadata")
         return (metadata.get("session_id") if isinstance(metadata, dict) else None,)
 
+    def with_session(self, body: dict[str, Any], session_id: str) -> dict[str, Any]:
+        return body
+
     def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
         return body  # OpenAI caches every prefix by itself
 
@@ -95,10 +98,13 @@ class ChatDialect:
             prompt = whole_count(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
             if prompt is None:
                 continue
-            details = usage.get("prompt_tokens_details")  # type: ignore[union-attr]
+            details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
             cached = whole_count(details.get("cached_tokens")) if isinstance(details, dict) else None
             return Usage(prompt, min(cached or 0, prompt))
         return None
+
+    def stream_undecided(self, head: bytes) -> bool:
+        return False  # chat refuses with a 400 before any stream begins
 
     def overflow_tokens(self, status: int, body: bytes) -> int | None:
         return overflow_tokens(body) if status == 400 else None

@@ -234,6 +234,9 @@ class MessagesDialect:
     def with_usage_requested(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         return body, False  # every Messages answer reports usage
 
+    def with_session(self, body: dict[str, Any], session_id: str) -> dict[str, Any]:
+        return body  # Anthropic's cache is addressed by breakpoints, not by a key
+
     def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
         return with_breakpoints(body)
 

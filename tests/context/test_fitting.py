@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.context.fitting import (
-    STRATEGIES,
     cut_oversized,
     fit_messages,
     omission_note,
@@ -20,6 +19,7 @@ from proxy.context.fitting import (
     removable_units,
 )
 from proxy.context.messages import Message, content_text
+from proxy.context.policy import TRUNCATIONS
 from proxy.context.tokens import Counter, HeuristicCounter
 from tests.pairing import check_pairing
 
@@ -328,7 +328,7 @@ def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
 @settings(max_examples=300, deadline=None)
 @given(
     conversations(),
-    st.sampled_from(STRATEGIES),
+    st.sampled_from(TRUNCATIONS),
     st.booleans(),
     st.integers(0, 200),
     st.floats(0, 1.2),

@@ -1,12 +1,12 @@
 """Specific tokens: the names, paths and numbers an agent reads in an output and writes back."""
 
-from proxy.context.recall import message_tokens, quoted_outputs, specific_tokens
+from proxy.context.recall import message_tokens, outputs_in_use, specific_tokens
 
 
 def test_specific_tokens_are_identifiers_paths_and_numbers_not_common_words():
     found = specific_tokens("Error in django/db/models/query.py line 42: QuerySet.filter() got 7 args; see the file")
-    assert {"django/db/models/query.py", "query", "models", "QuerySet.filter", "QuerySet", "filter", "42"} <= found
-    assert not found & {"Error", "line", "the", "file", "7", "see", "got", "args"}
+    assert {"django/db/models/query.py", "query.py", "QuerySet.filter", "QuerySet", "42"} <= found
+    assert not found & {"Error", "line", "the", "file", "7", "see", "got", "args", "filter", "models", "query"}
 
 
 def test_an_assistant_message_contributes_its_text_and_its_call_arguments():
@@ -18,6 +18,35 @@ def test_an_assistant_message_contributes_its_text_and_its_call_arguments():
     assert {"parse_header", "412", "430", "a/b.py"} <= message_tokens(message)
 
 
-def test_a_quoted_output_is_the_newest_that_holds_the_quoted_token():
-    outputs = [frozenset({"alpha_one"}), frozenset({"alpha_one", "beta_two"}), frozenset({"gamma"})]
-    assert quoted_outputs(outputs, [frozenset({"alpha_one"})]) == [False, True, False]
+def _call(command: str) -> dict:
+    return {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": {"arguments": command}}]}
+
+
+def test_an_output_is_in_use_when_a_later_message_quotes_what_only_it_holds():
+    messages = [
+        {"role": "system", "content": "You fix bugs."},
+        {"role": "user", "content": "Fix parse_config."},
+        _call("grep -rn read_header src"),
+        {"role": "tool", "content": "src/io_utils.py:88: def read_header(stream_obj):"},  # 3
+        _call("cat setup.cfg"),
+        {"role": "tool", "content": "[metadata] name = demo_pkg"},  # 5
+        _call("grep -n parse_config src/config_loader.py"),
+        {"role": "tool", "content": "src/config_loader.py:12: def parse_config(path):"},  # 7
+        {"role": "assistant", "content": "The bug is in read_header at src/io_utils.py:88; parse_config is fine."},
+        {"role": "tool", "content": "ok"},  # 9
+    ]
+    # 3 is quoted after it arrived; 5 never; 7 only for parse_config, which the task names; 9 has no quote after it.
+    assert outputs_in_use(messages, [3, 5, 7, 9], recent=6) == {3}
+    assert outputs_in_use(messages, [3, 5, 7, 9], recent=0) == set()
+
+
+def test_a_quoted_token_counts_for_the_newest_output_that_holds_it():
+    messages = [
+        {"role": "user", "content": "Fix it."},
+        _call("grep -rn HTTPAdapter ."),
+        {"role": "tool", "content": "requests/adapters.py:54: class HTTPAdapter"},  # 2
+        _call("python show_source.py"),
+        {"role": "tool", "content": "54 class HTTPAdapter(BaseAdapter):"},  # 4
+        {"role": "assistant", "content": "HTTPAdapter subclasses BaseAdapter."},
+    ]
+    assert outputs_in_use(messages, [2, 4], recent=6) == {4}

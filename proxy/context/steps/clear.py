@@ -8,7 +8,8 @@ from proxy.context.clearing import PLACEHOLDER, ClearPlan, ClearToolOutputs
 from proxy.context.draft import Draft
 from proxy.context.economics import epoch_pays
 from proxy.context.journal import AS_SENT, CLEARED, DROPPED, Decision, TurnReport
-from proxy.context.messages import Message
+from proxy.context.messages import Message, is_tool_output, message_ids
+from proxy.context.recall import outputs_in_use
 from proxy.context.steps.base import Epoch
 from proxy.context.tokens import REPLY_PRIMING
 
@@ -69,7 +70,7 @@ class Clearing:
             return None
         clear = replace(ClearToolOutputs.from_policy(rules), keep_tokens=keep_tokens)
         visible, digests = draft.visible_output(out)
-        plan = clear.plan(visible, draft.counter, digests)
+        plan = _spare_in_use(draft, clear.plan(visible, draft.counter, digests), visible, digests)
         paid = bool(plan.ids) and (
             forced or pays(plan.tokens, position(draft.output_index(min(plan.indices(visible, digests)))))
         )
@@ -78,6 +79,33 @@ class Clearing:
                 draft.journal.unpaid_bound = freed
             return None
         return plan
+
+
+def _spare_in_use(draft: Draft, plan: ClearPlan, visible: list[Message], digests: list[bytes]) -> ClearPlan:
+    """The plan less the outputs the agent is still quoting (`recall.outputs_in_use`), newest first, up to
+    `in_use_tokens` of them and never so many that the rest frees under `clear_at_least`: sparing never
+    stops an epoch that would have run."""
+    rules = draft.policy.clear_tool_outputs
+    if not plan.ids or rules.in_use_turns <= 0 or rules.in_use_tokens <= 0:
+        return plan
+    outputs = [i for i, m in enumerate(visible) if is_tool_output(m, draft.observations)]
+    planned = plan.indices(visible, digests)
+    in_use = outputs_in_use(visible, outputs, rules.in_use_turns).intersection(planned)
+    if not in_use:
+        return plan
+    count = draft.counter.count_message
+    freed, budget, spared = plan.tokens, rules.in_use_tokens, set()
+    for i in sorted(in_use, reverse=True):
+        saving = count(visible[i]) - count({**visible[i], "content": PLACEHOLDER})
+        if saving > budget or freed - saving < rules.clear_at_least:
+            continue
+        spared.add(i)
+        freed -= saving
+        budget -= saving
+    if not spared:
+        return plan
+    ids = message_ids(visible, digests)
+    return ClearPlan(tuple(ids[i] for i in planned if i not in spared), freed)
 
 
 def _recent_output_tokens(draft: Draft) -> int:

@@ -1,0 +1,348 @@
+"""OpenAI Responses (`POST /v1/responses`): input items grouped into engine messages, and back.
+
+Codex CLI and the Agents SDK send the whole `input` every turn (`store: false`). Each engine
+message is made from a group of items that must stay together:
+
+- `instructions` plays the system message's part;
+- a `message` item is a message of its role (its text parts joined; other parts make it opaque);
+- consecutive calls (`function_call`, `custom_tool_call`, ... : items with a `call_id`), with the
+  assistant text right before them, are one assistant message with `tool_calls`, and each
+  `*_call_output` is a `tool` message answering one, so the engine keeps a call and its output together;
+- a `reasoning` item goes with the output it preceded (calls or an assistant message), and that
+  group is opaque: the engine may drop it whole, never edit it (`encrypted_content` is signed);
+- any other item is opaque and goes upstream byte-identical.
+
+An edited group gets its new text written back into its one editable item; every other
+group goes as the client sent it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.context.messages import content_text
+from proxy.dialects.base import Conversation, Message, Usage, group_digest, opaque, whole_count
+from proxy.dialects.chat import max_output_tokens
+from proxy.errors import InvalidRequest, error_body
+
+ROLES = ("user", "assistant", "system", "developer")
+TEXT_PARTS = ("input_text", "output_text", "text")
+# Events the API sends before it may still refuse a streamed request (context_length_exceeded).
+PRELUDE_EVENTS = (b"response.created", b"response.in_progress", b"response.queued")
+OVERFLOW_CODE = "context_length_exceeded"
+_COUNT = re.compile(r"(\d+) (?:input )?tokens")
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_EVENT_TYPE = re.compile(rb'"type"\s*:\s*"([^"]+)"')
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """What one engine message was made from: `instructions`, the `input` string, or input items."""
+
+    kind: str  # "instructions" | "text" | "items"
+    items: tuple[Any, ...]
+    editable: int = -1  # the item an edit of the engine message is written into (-1: none)
+
+
+def _type(item: Mapping[str, Any]) -> str:
+    kind = item.get("type")
+    return kind if isinstance(kind, str) else "message" if "role" in item else ""
+
+
+def _is_call(item: Mapping[str, Any]) -> bool:
+    return _type(item).endswith("_call") and isinstance(item.get("call_id"), str)
+
+
+def _is_output(item: Mapping[str, Any]) -> bool:
+    return _type(item).endswith("_call_output") and isinstance(item.get("call_id"), str)
+
+
+def _parts_text(parts: Any) -> str | None:
+    """A string, or the text of a list made only of text parts; None when anything else is in it."""
+    if isinstance(parts, str):
+        return parts
+    if isinstance(parts, list) and parts:
+        texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") in TEXT_PARTS]
+        if len(texts) == len(parts) and all(isinstance(t, str) for t in texts):
+            return "\n".join(texts)
+    return None
+
+
+def _countable(item: Mapping[str, Any]) -> str:
+    """The text an opaque item is counted by: a reasoning item's summary and signed blob, else its JSON."""
+    if _type(item) == "reasoning":
+        summary = item.get("summary")
+        texts = [p.get("text") for p in summary if isinstance(p, dict)] if isinstance(summary, list) else []
+        texts.append(item.get("encrypted_content"))
+        return "\n".join(t for t in texts if isinstance(t, str))
+    if _type(item) == "message":
+        text = _parts_text(item.get("content"))
+        return text if text is not None else orjson.dumps(item.get("content")).decode()
+    return orjson.dumps(item).decode()
+
+
+def _call(item: Mapping[str, Any]) -> dict[str, Any]:
+    arguments = item.get("arguments", item.get("input", item.get("action")))
+    arguments = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+    name = item.get("name")
+    return {
+        "id": item["call_id"],
+        "type": "function",
+        "function": {"name": name or _type(item), "arguments": arguments},
+    }
+
+
+def _message(group: Group) -> Message:
+    """The engine message a group of items stands for."""
+    items = group.items
+    calls = [item for item in items if _is_call(item)]
+    if calls:
+        said = [item for item in items if not _is_call(item)]  # its reasoning and text: counted, never edited
+        content = opaque("\n".join(map(_countable, said))) if said else None
+        return {"role": "assistant", "content": content, "tool_calls": [_call(item) for item in calls]}
+    if group.editable < 0:
+        return {"role": "assistant", "content": opaque("\n".join(map(_countable, items)))}
+    item = items[group.editable]
+    if _is_output(item):
+        text = _parts_text(item.get("output"))
+        return {"role": "tool", "tool_call_id": item["call_id"], "content": text if text is not None else opaque("")}
+    text = _parts_text(item.get("content"))
+    return {"role": item["role"], "content": text if text is not None else opaque(_countable(item))}
+
+
+def _groups(items: Sequence[Mapping[str, Any]]) -> list[Group]:
+    """Input items in the groups the engine must keep whole (a reasoning item leads the output it preceded)."""
+    groups: list[Group] = []
+    lead: list[Any] = []
+    i = 0
+    while i < len(items):
+        item = items[i]
+        kind = _type(item)
+        if kind == "reasoning":
+            lead.append(item)
+            i += 1
+            continue
+        assistant = kind == "message" and item.get("role") == "assistant"
+        end = i + 1 if assistant else i  # an assistant's text and the calls right after it are one turn
+        while end < len(items) and _is_call(items[end]):
+            end += 1
+        if end > i + assistant:
+            groups.append(Group("items", (*lead, *items[i:end])))
+            lead, i = [], end
+            continue
+        if lead and not assistant:  # reasoning that precedes no output of its own stays alone
+            groups.append(Group("items", tuple(lead)))
+            lead = []
+        editable = (kind == "message" and not lead) or _is_output(item)
+        groups.append(Group("items", (*lead, item), len(lead) if editable else -1))
+        lead, i = [], i + 1
+    if lead:
+        groups.append(Group("items", tuple(lead)))
+    return groups
+
+
+def _edited(group: Group, text: str) -> list[Any]:
+    """The group's items with `text` written into its editable item, in the shape that item had."""
+    items = list(group.items)
+    item = dict(items[group.editable])
+    field = "output" if _is_output(item) else "content"
+    if isinstance(item.get(field), list):
+        part_type = "output_text" if item.get("role") == "assistant" else "input_text"
+        part: dict[str, Any] = {"type": part_type, "text": text}
+        if part_type == "output_text":
+            part["annotations"] = []
+        item[field] = [part]
+    else:
+        item[field] = text
+    items[group.editable] = item
+    return items
+
+
+def _sse_events(head: bytes) -> list[bytes]:
+    """The complete events at the start of an SSE body."""
+    events, at = [], 0
+    while match := _EVENT_END.search(head, at):
+        events.append(head[at : match.start()])
+        at = match.end()
+    return events
+
+
+def _event_data(event: bytes) -> Any:
+    data = b"\n".join(line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:"))
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _overflow_count(error: Any) -> int | None:
+    """The prompt size a `context_length_exceeded` error states, 0 when it states none; None for another error."""
+    if not isinstance(error, dict) or error.get("code") != OVERFLOW_CODE:
+        return None
+    match = _COUNT.search(str(error.get("message") or ""))
+    return int(match.group(1)) if match else 0
+
+
+def _check(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", None, "invalid_type")
+    items = body.get("input")
+    if items is not None and not isinstance(items, str | list):
+        raise InvalidRequest(
+            "Invalid type for 'input': expected a string or an array of items.", "input", "invalid_type"
+        )
+    for i, item in enumerate(items if isinstance(items, list) else ()):
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"Invalid type for 'input[{i}]': expected an object.", f"input[{i}]", "invalid_type")
+        if _type(item) == "message" and item.get("role") not in ROLES:
+            raise InvalidRequest(
+                f"Invalid value for 'input[{i}].role': supported values are {', '.join(ROLES)}.",
+                f"input[{i}].role",
+                "invalid_value",
+            )
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str | list):
+        raise InvalidRequest("Invalid type for 'instructions': expected a string.", "instructions", "invalid_type")
+    return body
+
+
+class ResponsesDialect:
+    """OpenAI Responses with the whole history in `input` (stateless: Codex CLI, the Agents SDK)."""
+
+    name = "responses"
+    upstream_path = "responses"
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"The request body is not valid JSON: {exc}.", None, "invalid_json") from exc
+        return _check(body)
+
+    def unedited_reason(self, body: Mapping[str, Any]) -> str | None:
+        """The history lives on the server (`previous_response_id`, `conversation`) or in a stored prompt."""
+        for key in ("previous_response_id", "conversation"):
+            if body.get(key):
+                return key
+        return None if body.get("input") else "no_input"
+
+    def conversation(self, body: Mapping[str, Any], digests: list[bytes] | None = None) -> Conversation:
+        groups: list[Group] = []
+        instructions = body.get("instructions")
+        if instructions:
+            groups.append(Group("instructions", (instructions,), 0 if isinstance(instructions, str) else -1))
+        items = body["input"]
+        groups += [Group("text", (items,), 0)] if isinstance(items, str) else _groups(items)
+        messages = [self._message(group) for group in groups]
+        return Conversation(
+            messages=messages,
+            digests=[group_digest([group.kind, *group.items]) for group in groups],
+            tools=body.get("tools"),
+            max_output_tokens=max_output_tokens(body, ("max_output_tokens",)),
+            model=str(body.get("model") or ""),
+            groups=groups,
+        )
+
+    @staticmethod
+    def _message(group: Group) -> Message:
+        if group.kind == "instructions":
+            value = group.items[0]
+            return {"role": "system", "content": value if group.editable == 0 else opaque(orjson.dumps(value).decode())}
+        if group.kind == "text":
+            return {"role": "user", "content": group.items[0]}
+        return _message(group)
+
+    def render(
+        self, body: Mapping[str, Any], conversation: Conversation, out: Sequence[Message], sources: Sequence[int]
+    ) -> dict[str, Any]:
+        rendered = {k: v for k, v in body.items() if k != "instructions"}
+        items: list[Any] = []
+        for message, source in zip(out, sources, strict=True):
+            if source < 0:  # a capsule or an omission note the engine inserted
+                items.append({"type": "message", "role": message["role"], "content": content_text(message) or ""})
+                continue
+            group: Group = conversation.groups[source]
+            edited = message is not conversation.messages[source]
+            text = content_text(message) if edited else None
+            if group.kind == "instructions":
+                rendered["instructions"] = text if text is not None else group.items[0]
+            elif group.kind == "text":
+                items.append({"role": "user", "content": text if text is not None else group.items[0]})
+            else:
+                items += _edited(group, text) if text is not None and group.editable >= 0 else group.items
+        rendered["input"] = items
+        return rendered
+
+    def session_hints(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> Sequence[Any]:
+        """Codex's `session_id` header, then `prompt_cache_key`, then `metadata.session_id`."""
+        header = headers.get("session_id")
+        if header is None and not hasattr(headers, "getall"):  # a plain dict: its keys as sent
+            header = next((v for k, v in headers.items() if k.lower() == "session_id"), None)
+        metadata = body.get("metadata")
+        return header, body.get("prompt_cache_key"), metadata.get("session_id") if isinstance(metadata, dict) else None
+
+    def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body  # OpenAI caches every prefix by itself
+
+    def with_session(self, body: dict[str, Any], session_id: str) -> dict[str, Any]:
+        """OpenAI routes cache hits by `prompt_cache_key`: a client that sends none gets its session's id."""
+        return body if body.get("prompt_cache_key") else {**body, "prompt_cache_key": session_id}
+
+    def with_usage_requested(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        return body, False  # every response reports usage (response.completed)
+
+    def usage(self, payloads: Sequence[Mapping[str, Any]]) -> Usage | None:
+        for payload in reversed(payloads):
+            usage = payload.get("usage")
+            response = payload.get("response")
+            if not isinstance(usage, dict) and isinstance(response, dict):
+                usage = response.get("usage")
+            prompt = whole_count(usage.get("input_tokens")) if isinstance(usage, dict) else None
+            if prompt is None:
+                continue
+            details = usage.get("input_tokens_details")  # type: ignore[union-attr]
+            cached = whole_count(details.get("cached_tokens")) if isinstance(details, dict) else None
+            return Usage(prompt, min(cached or 0, prompt))
+        return None
+
+    def stream_undecided(self, head: bytes) -> bool:
+        """True while a streamed answer has sent only what comes before a possible refusal (read on, hold it)."""
+        events = _sse_events(head)
+        return all(
+            (match := _EVENT_TYPE.search(event)) is not None and match.group(1) in PRELUDE_EVENTS for event in events
+        )
+
+    def overflow_tokens(self, status: int, body: bytes) -> int | None:
+        """A refusal for length: a 400, or a streamed `error` / `response.failed` event (0: size not stated)."""
+        if status == 400:
+            try:
+                payload = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                return None
+            return _overflow_count(payload.get("error")) if isinstance(payload, dict) else None
+        if status != 200:
+            return None
+        for event in _sse_events(body):
+            payload = _event_data(event)
+            if not isinstance(payload, dict):
+                continue
+            if payload.get("type") == "error":
+                found = _overflow_count(payload.get("error", payload))
+            elif payload.get("type") == "response.failed" and isinstance(payload.get("response"), dict):
+                found = _overflow_count(payload["response"].get("error"))
+            else:
+                continue
+            if found is not None:
+                return found
+        return None
+
+    def error_body(self, message: str, status: int, code: str | None, param: str | None) -> bytes:
+        return error_body(message, status, code, param)
+
+
+RESPONSES = ResponsesDialect()

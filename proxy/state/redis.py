@@ -1,0 +1,272 @@
+"""Sessions shared through a Redis server, so any number of instances and workers serve one conversation.
+
+Each process keeps its recent sessions in memory (the LRU of `SessionStore`) and Redis holds
+the truth. A turn is prepared on the local copy, then `commit()` writes it with one Lua call
+that compares and sets: it succeeds only if the session's version (and the model's learned
+ratio, which steers the engine's counts) are what the turn was prepared from. Otherwise the
+same call returns the newer state, the turn is re-run on it (the loser re-aligns), and
+written again. So a session served by one process costs one round trip per turn, one that
+moves between processes two; its usage follows in one pipelined write after the answer.
+
+Redis slow or down never stalls a turn: each call is bounded by `redis_timeout_ms`, a
+failure is counted, `/healthz` says "degraded", and for `redis_retry_s` turns go on from
+this process's own copy (edited as usual) without calling Redis. The next call after that
+tries again; when it succeeds the state is shared again (a process whose copy is behind
+re-aligns on its next turn). Keys expire with the idle TTL; a session's stored journal is
+bounded by `max_session_kb` (a larger one is dropped from Redis and kept in memory only),
+its turn details by `MAX_TURNS_KEPT`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from proxy.config import ConfigError, StateConfig
+from proxy.context.calibration import RATIO_SMOOTHING, observed_ratio
+from proxy.metrics import METRICS
+from proxy.sessions import MAX_TURNS_KEPT, Session
+from proxy.state.codec import journal_bytes, session_from
+from proxy.state.memory import SessionStore, StoredTurn
+from proxy.state.sqlite import STATE_FAILURES, STATE_TOO_LARGE
+
+log = logging.getLogger("proxy.state")
+
+STATE_CONFLICTS = METRICS.counter(
+    "context_state_conflicts_total", "Turns re-run because another process wrote their session first"
+)
+
+PREFIX = "context-proxy:"
+CALIBRATION_KEY = PREFIX + "calibration"  # hash: model -> learned ratio (repr of a float)
+# Journals this long are encoded on a worker thread, not on the loop.
+_OFFLOAD_MESSAGES = 1000
+_MAX_REALIGNS = 3  # a turn that loses this many races in a row goes out as last prepared
+
+# KEYS: session hash, calibration hash. ARGV: expected version, state, ttl ms, model, ratio used, new version.
+# The state is written only if nobody wrote since the turn was prepared (or Redis lost the key).
+# Versions are random, never counted, so two processes that each went on alone never match by chance.
+_COMMIT = """
+local v = redis.call('HGET', KEYS[1], 'v')
+local r = redis.call('HGET', KEYS[2], ARGV[4]) or ''
+if (not v or v == ARGV[1]) and (r == ARGV[5] or tonumber(r) == tonumber(ARGV[5])) then
+  redis.call('HSET', KEYS[1], 'v', ARGV[6], 's', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1, ARGV[6]}
+end
+local h = redis.call('HMGET', KEYS[1], 'v', 's', 'cost', 'direct_cost', 'direct_prompt')
+return {0, h[1] or '', h[2] or '', r, h[3] or '0', h[4] or '0', h[5] or '0'}
+"""
+# KEYS: calibration hash. ARGV: model, observed ratio, smoothing. Calibration.learn, done where every
+# process sees it, so two turns that learn at once both count; %.17g gives Python the same float back.
+_LEARN = """
+local observed = tonumber(ARGV[2])
+local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[2])
+local new = string.format('%.17g', old + tonumber(ARGV[3]) * (observed - old))
+redis.call('HSET', KEYS[1], ARGV[1], new)
+return new
+"""
+
+
+class RedisStore(SessionStore):
+    """`SessionStore` whose sessions live in Redis, shared by every process that names the same server."""
+
+    persistent = True
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        password: str | None = None,
+        timeout_s: float = 0.25,
+        retry_s: float = 1.0,
+        max_session_kb: float = 2048,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.url = url
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self.max_bytes = int(max_session_kb * 1024)
+        self.client = aioredis.Redis.from_url(
+            url,
+            password=password,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),  # a failed call fails the turn's commit, never delays it
+            health_check_interval=0,
+        )
+        self._commit = self.client.register_script(_COMMIT)
+        self._learn = self.client.register_script(_LEARN)
+        self._versions: dict[str, str] = {}  # session key -> the version our copy was read or written at
+        self._problem: str | None = None
+        self._retry_at = 0.0
+        self.bytes_written = 0  # state and usage payloads sent to Redis (for bench/state)
+
+    @classmethod
+    def from_config(cls, config: StateConfig, **kwargs: Any) -> RedisStore:
+        password = os.environ.get(config.redis_password_env) if config.redis_password_env else None
+        if not config.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"[state] redis_url {config.redis_url!r}: expected redis://, rediss:// or unix://")
+        return cls(
+            url=config.redis_url,
+            password=password or None,
+            timeout_s=config.redis_timeout_ms / 1000,
+            retry_s=config.redis_retry_s,
+            max_session_kb=config.max_session_kb,
+            max_sessions=config.max_sessions,
+            idle_ttl_s=config.idle_ttl_s,
+            **kwargs,
+        )
+
+    @property
+    def problem(self) -> str | None:
+        return self._problem
+
+    async def commit(self, turn: StoredTurn) -> None:
+        if time.monotonic() < self._retry_at:
+            return  # Redis failed a moment ago: this turn goes on from our own copy
+        try:
+            if turn.stored_journal is not turn.session.journal:
+                await self._write_turn(turn)
+            if turn.stats.prompt_tokens is not None and not turn.usage_stored:
+                await self._write_usage(turn)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+            return
+        if self._problem is not None:
+            log.warning("Redis at %s answers again; sessions are shared again", self._where())
+            self._problem = None
+
+    def _forgotten(self, session_id: str) -> None:
+        self._versions.pop(session_id, None)
+
+    async def _write_turn(self, turn: StoredTurn) -> None:
+        session, model, calibration = turn.session, turn.model, turn.calibration
+        key = _key(session.id)
+        for _ in range(_MAX_REALIGNS):
+            state = await self._encode(session)
+            if state is None:
+                await self._bounded(self.client.delete(key, _turns_key(session.id)))
+                turn.stored_journal = session.journal
+                return
+            ratio = calibration.ratios.get(model)
+            used = "" if ratio is None else repr(ratio)
+            ttl = str(int(self.idle_ttl_s * 1000))
+            expected = self._versions.get(session.id, "")
+            args = [expected, state, ttl, model, used, secrets.token_hex(8)]
+            reply = await self._bounded(self._commit(keys=[key, CALIBRATION_KEY], args=args))
+            self.bytes_written += len(state)
+            if int(reply[0]) == 1:
+                self._versions[session.id] = _text(reply[1])
+                turn.stored_journal = session.journal
+                return
+            STATE_CONFLICTS.inc()
+            self._adopt(turn, reply)
+            if reply[3]:
+                calibration.ratios[model] = float(reply[3])
+            else:
+                calibration.ratios.pop(model, None)
+            newer = session.journal
+            await asyncio.to_thread(turn.realign)
+            if _holds_more(newer, session.journal):  # a late turn: what is stored already goes past it
+                session.journal = turn.stored_journal = newer
+                return
+        log.warning("session %s: still behind after %d re-alignments; sent as prepared", session.id, _MAX_REALIGNS)
+
+    def _adopt(self, turn: StoredTurn, reply: list) -> None:
+        """Take the newer state another process wrote; the turn is then re-run on its journal."""
+        session, version, state = turn.session, _text(reply[1]), reply[2]
+        self._versions[session.id] = version
+        if state:
+            stored = orjson.loads(state)
+            fresh = session_from(session.id, stored, orjson.dumps(stored["journal"]), b"", self._journal_from_dict)
+            session.journal, session.policy = fresh.journal, fresh.policy
+            session.correction, session.turn_count = fresh.correction, fresh.turn_count + 1
+        else:  # no state in Redis (lost, expired, too large), only the ratio moved: re-run on our own
+            session.journal = turn.journal_before
+        session.cost_usd, session.direct_cost_usd = float(reply[4]), float(reply[5])
+        session.direct_prompt_tokens = int(reply[6])
+
+    async def _encode(self, session: Session) -> bytes | None:
+        """The session's shared state (no turn details, no costs: those follow with the usage)."""
+        fields = {"policy": session.policy, "correction": session.correction, "turn_count": session.turn_count}
+        if len(session.journal) > _OFFLOAD_MESSAGES:
+            journal = await asyncio.to_thread(journal_bytes, session)
+        else:
+            journal = journal_bytes(session)
+        state = orjson.dumps(fields)[:-1] + b',"journal":' + journal + b"}"
+        if len(state) > self.max_bytes:
+            STATE_TOO_LARGE.inc(store="redis")
+            log.warning("session %s is over state.max_session_kb; kept in this process only", session.id)
+            return None
+        return state
+
+    async def _write_usage(self, turn: StoredTurn) -> None:
+        session, stats, model = turn.session, turn.stats, turn.model
+        key, turns_key = _key(session.id), _turns_key(session.id)
+        detail = orjson.dumps(stats.to_dict())
+        ttl = int(self.idle_ttl_s * 1000)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hincrbyfloat(key, "cost", stats.cost_usd or 0.0)
+            pipe.hincrbyfloat(key, "direct_cost", stats.direct_cost_usd or 0.0)
+            pipe.hset(key, "direct_prompt", session.direct_prompt_tokens)
+            pipe.pexpire(key, ttl)
+            pipe.rpush(turns_key, detail)
+            pipe.ltrim(turns_key, -MAX_TURNS_KEPT, -1)
+            pipe.pexpire(turns_key, ttl)
+            observed = observed_ratio(stats.prompt_tokens or 0, turn.estimate)
+            if observed is not None:
+                await self._learn(
+                    keys=[CALIBRATION_KEY], args=[model, repr(observed), repr(RATIO_SMOOTHING)], client=pipe
+                )
+            replies = await self._bounded(pipe.execute())
+        if observed is not None:
+            turn.calibration.ratios[model] = float(replies[-1])
+        self.bytes_written += len(detail)
+        turn.usage_stored = True
+
+    async def _bounded(self, call: Awaitable[Any]) -> Any:
+        """One Redis call, never longer than `redis_timeout_ms` (connecting included)."""
+        async with asyncio.timeout(self.timeout_s):
+            return await call
+
+    def _failed(self, exc: BaseException) -> None:
+        reason = f"Redis at {self._where()}: {type(exc).__name__}: {exc}".rstrip(": ")
+        if self._problem is None:
+            log.error("%s; turns go on from this process's own state", reason)
+        self._problem = reason
+        self._retry_at = time.monotonic() + self.retry_s
+        STATE_FAILURES.inc(store="redis")
+
+    def _where(self) -> str:
+        kwargs = self.client.connection_pool.connection_kwargs
+        return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+def _holds_more(stored: Any, turn: Any) -> bool:
+    """`stored` has every message of the turn's journal, and more (a later turn of the same conversation)."""
+    mine = turn.digests
+    return len(stored.digests) > len(mine) and stored.digests[: len(mine)] == mine
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _key(session_id: str) -> str:
+    return f"{PREFIX}session:{session_id}"
+
+
+def _turns_key(session_id: str) -> str:
+    return f"{PREFIX}turns:{session_id}"

@@ -1,0 +1,210 @@
+"""Sessions in memory, written behind to one SQLite file so journals survive a restart.
+
+The file is opened, checked writable and read at start-up (the most recent `max_sessions`
+sessions); after that the event loop never touches it. Each change queues the session for
+one writer thread, which writes the newest state of every queued session in one
+transaction. A locked or failing file never delays a turn: the writer keeps the queue and
+retries with backoff, `/healthz` says why the state is degraded, and no queued session is
+lost once the file is writable again. The file keeps the same sessions as memory (LRU,
+`max_sessions`), and a session bigger than `max_session_kb` stays in memory only, so the
+file stays under about max_sessions x max_session_kb.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from proxy.config import ConfigError
+from proxy.metrics import METRICS
+from proxy.sessions import Session
+from proxy.state.codec import FIELDS, journal_bytes, session_from, turns_bytes
+from proxy.state.memory import SessionStore
+
+log = logging.getLogger("proxy.state")
+
+STATE_FAILURES = METRICS.counter(
+    "context_state_failures_total", "Session store writes or reads that failed (the turn went on)", ("store",)
+)
+STATE_TOO_LARGE = METRICS.counter(
+    "context_state_too_large_total", "Sessions past state.max_session_kb, kept in memory only", ("store",)
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    policy TEXT NOT NULL,
+    last_seen REAL NOT NULL,
+    correction REAL NOT NULL,
+    direct_prompt_tokens INTEGER NOT NULL,
+    turn_count INTEGER NOT NULL,
+    cost_usd REAL NOT NULL,
+    direct_cost_usd REAL NOT NULL,
+    journal BLOB NOT NULL,
+    turns BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_last_seen ON sessions (last_seen);
+CREATE TABLE IF NOT EXISTS proxy_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+_BUSY_TIMEOUT_MS = 200  # a locked file fails a write this fast; the writer retries it later
+_RETRY_S = (0.05, 2.0)  # first and longest wait between retries of a failed write
+_DELETE = None  # queued in place of a session: delete its row
+
+
+class SqliteStore(SessionStore):
+    """`SessionStore` whose sessions are also written, behind the turns, to one SQLite file."""
+
+    persistent = True
+
+    def __init__(self, *, path: str | Path, max_session_kb: float = 2048, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.path = str(path)
+        self.max_bytes = int(max_session_kb * 1024)
+        self._queue: dict[str, Session | None] = {}
+        self._wake = threading.Condition()
+        self._closed = False
+        self._problem: str | None = None
+        self._db, self._ready = _open(self.path)
+        self._preload()
+        self._writer = threading.Thread(target=self._write_loop, name="state-writer", daemon=True)
+        self._writer.start()
+
+    @property
+    def problem(self) -> str | None:
+        return self._problem
+
+    @property
+    def pending(self) -> int:
+        """Sessions queued and not yet written."""
+        with self._wake:
+            return len(self._queue)
+
+    def save(self, session: Session) -> None:
+        self._enqueue(session.id, session)
+
+    def close(self) -> None:
+        """Write what is queued (one last try) and close the file."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._writer.join(timeout=5)
+
+    def _forgotten(self, session_id: str) -> None:
+        self._enqueue(session_id, _DELETE)
+
+    def _enqueue(self, session_id: str, session: Session | None) -> None:
+        with self._wake:
+            self._queue[session_id] = session
+            self._wake.notify()
+
+    def _preload(self) -> None:
+        """The most recent `max_sessions` sessions that have not expired; nothing is read after this."""
+        cutoff = self.clock() - self.idle_ttl_s
+        try:
+            rows = self._db.execute(
+                "SELECT * FROM sessions WHERE last_seen >= ? ORDER BY last_seen DESC LIMIT ?",
+                (cutoff, self.max_sessions),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            self._failed(f"state file {self.path} unreadable at start ({exc}); starting without its sessions")
+            return
+        for row in reversed(rows):  # least recent first, as the LRU keeps them
+            key, journal, turns = row[0], row[8], row[9]
+            try:
+                fields = dict(zip(FIELDS, row[1:8], strict=True))
+                session = session_from(key, fields, journal, turns, self._journal_from_dict)
+            except (ValueError, TypeError, KeyError) as exc:
+                log.error("session state unreadable, starting it afresh: %s", exc)
+                continue
+            self._sessions[key] = session
+
+    def _write_loop(self) -> None:
+        delay = _RETRY_S[0]
+        while True:
+            with self._wake:
+                while not self._queue and not self._closed:
+                    self._wake.wait()
+                closing = self._closed
+                batch, self._queue = self._queue, {}
+            try:
+                if batch:
+                    self._write(batch)
+            except sqlite3.Error as exc:
+                with self._wake:  # keep what failed unless a newer state was queued meanwhile
+                    self._queue = {**batch, **self._queue}
+                    self._failed(f"state file {self.path} not writable ({exc}); {len(self._queue)} sessions queued")
+                    if not closing:
+                        self._wake.wait(timeout=delay)
+                delay = min(_RETRY_S[1], delay * 2)
+            else:
+                if self._problem is not None:
+                    log.warning("state file %s is writable again; the queued sessions are written", self.path)
+                self._problem, delay = None, _RETRY_S[0]
+            if closing:
+                self._db.close()
+                return
+
+    def _write(self, batch: dict[str, Session | None]) -> None:
+        rows, deletes = [], []
+        for key, session in batch.items():
+            row = None if session is None else self._row(session)
+            if row is None:
+                deletes.append((key,))
+            else:
+                rows.append(row)
+        db = self._db
+        if not self._ready:  # the file was locked at start-up
+            db.executescript(_SCHEMA)
+            self._ready = True
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany("DELETE FROM sessions WHERE id = ?", deletes)
+            db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            db.execute(
+                "DELETE FROM sessions WHERE id NOT IN (SELECT id FROM sessions ORDER BY last_seen DESC LIMIT ?)",
+                (self.max_sessions,),
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def _row(self, session: Session) -> tuple | None:
+        journal, turns = journal_bytes(session), turns_bytes(session)
+        if len(journal) + len(turns) > self.max_bytes:
+            STATE_TOO_LARGE.inc(store="sqlite")
+            log.warning("session %s is over state.max_session_kb; kept in memory only", session.id)
+            return None
+        return (session.id, *(getattr(session, name) for name in FIELDS), journal, turns)
+
+    def _failed(self, reason: str) -> None:
+        if self._problem is None:
+            log.error("%s", reason)
+        self._problem = reason
+        STATE_FAILURES.inc(store="sqlite")
+
+
+def _open(path: str) -> tuple[sqlite3.Connection, bool]:
+    """The state file, checked writable now: a file that cannot be written is a start-up error.
+
+    A file another process holds locked is not: the proxy starts degraded and the writer retries.
+    """
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_MS / 1000)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        db.execute("INSERT OR REPLACE INTO proxy_meta VALUES ('opened', datetime('now'))")
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            log.error("state file %s is locked by another process; starting degraded", path)
+            return sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=0.2), False
+        raise ConfigError(f"[state] path {path}: cannot write the session store there: {exc}") from exc
+    except (OSError, sqlite3.Error) as exc:
+        raise ConfigError(f"[state] path {path}: cannot use it as the session store: {exc}") from exc
+    return db, True

@@ -1,0 +1,78 @@
+"""`context-proxy serve --workers N`: N processes on one port, each with its own event loop.
+
+Each worker is the same `serve` command bound with SO_REUSEPORT, so the kernel spreads new
+connections over them; this parent only starts them, restarts one that dies, and passes
+SIGINT/SIGTERM on. Sessions are shared through Redis (`[state] redis_url`): without it, two
+turns of one conversation would land on workers that each know half of it, so the command
+refuses to start.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+
+from proxy.config import ConfigError, Settings
+
+log = logging.getLogger("proxy.workers")
+
+RESTART_AFTER_S = 1.0  # a worker that died is started again no sooner than this after its last start
+START_FAILED_S = 5.0  # a worker that exits with an error this soon after its start failed to start: stop all
+_POLL_S = 0.2
+
+
+def check_workers(workers: int, settings: Settings, port: int, passthrough: bool) -> None:
+    """Raise ConfigError (the CLI's exit 2, one line) when N workers could not serve as one proxy."""
+    if workers < 1:
+        raise ConfigError(f"--workers {workers}: should be 1 or more")
+    if port == 0:
+        raise ConfigError(f"--workers {workers}: needs a fixed --port (each worker would bind its own free port)")
+    if not settings.state.redis_url and not passthrough:
+        raise ConfigError(
+            f"--workers {workers}: each worker is its own process and only Redis shares sessions between them; "
+            "set [state] redis_url (or run one worker)"
+        )
+
+
+def run_workers(workers: int, argv: list[str]) -> int:
+    """Run `python -m proxy <argv>` N times until SIGINT/SIGTERM; a worker that exits is restarted."""
+    command = [sys.executable, "-m", "proxy", *argv]
+    stopping = False
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = [time.monotonic()] * workers
+    procs = [subprocess.Popen(command) for _ in range(workers)]
+    log.info("%d workers serving (pids %s)", workers, " ".join(str(p.pid) for p in procs))
+    status = 0
+    try:
+        while not stopping and not status:
+            time.sleep(_POLL_S)
+            for i, proc in enumerate(procs):
+                code, age = proc.poll(), time.monotonic() - started[i]
+                if code is None or stopping or age < RESTART_AFTER_S:
+                    continue
+                if code in (1, 2) and age < START_FAILED_S:  # it said why (port taken, config): no point retrying
+                    status = code
+                    break
+                log.error("worker %d (pid %d) exited with %s; starting it again", i, proc.pid, code)
+                procs[i], started[i] = subprocess.Popen(command), time.monotonic()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return status
