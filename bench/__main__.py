@@ -1,4 +1,8 @@
+<<<<<<< HEAD
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|long-event`
+=======
+"""`python -m bench overhead|scaling|memory|savings|responses|profile|stall|ab|smoke|quality|long-event|bodies`
+>>>>>>> main
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -86,6 +90,12 @@ def _long_event(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return long_event.run_long_event([ns.n] if ns.n else [40, 80], ns.ref), long_event.render
 
 
+def _bodies(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import bodies
+
+    return asyncio.run(bodies.run_bodies(concurrent=ns.n or 8)), bodies.render
+
+
 def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import quality
 
@@ -105,6 +115,7 @@ COMMANDS: dict[str, Runner] = {
     "smoke": _smoke,
     "quality": _quality,
     "long-event": _long_event,
+    "bodies": _bodies,
 }
 
 

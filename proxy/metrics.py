@@ -1,7 +1,9 @@
 """A tiny Prometheus text-format registry: counters and gauges with labels, histograms.
 
 Modules register on the shared `METRICS` at import time; registering a name twice
-returns the existing metric, so several apps in one process (tests) share them.
+returns the existing metric, so several apps in one process (tests) share them. Every
+name starts with `context_proxy_`; a metric without labels reads 0 before its first
+change; the standard `process_*` metrics (prometheus_client's collector) follow ours.
 """
 
 from __future__ import annotations
@@ -12,7 +14,14 @@ import threading
 from collections.abc import Callable, Iterable
 from operator import itemgetter
 
+import prometheus_client
+
 LabelKey = tuple[str, ...]
+
+PREFIX = "context_proxy_"
+# CPU seconds, resident memory, open file descriptors, start time (Linux /proc; empty elsewhere).
+_PROCESS = prometheus_client.CollectorRegistry(auto_describe=False)
+prometheus_client.ProcessCollector(registry=_PROCESS)
 
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -75,7 +84,7 @@ class Counter(_Metric):
 
     def __init__(self, name: str, help: str, labels: Iterable[str] = ()) -> None:
         super().__init__(name, help, labels)
-        self._values: dict[LabelKey, float] = {}
+        self._values: dict[LabelKey, float] = {} if self.label_names else {(): 0}  # unlabelled: 0 from the start
 
     def inc(self, amount: float = 1, **labels: str) -> None:
         key = self._key(labels)
@@ -117,6 +126,8 @@ class Histogram(_Metric):
         super().__init__(name, help, labels)
         self.buckets = tuple(sorted(buckets))
         self._series: dict[LabelKey, list[float]] = {}  # bucket counts..., sum, count
+        if not self.label_names:
+            self._series[()] = [0.0] * (len(self.buckets) + 2)
 
     def observe(self, value: float, **labels: str) -> None:
         key = self._key(labels)
@@ -150,10 +161,14 @@ class Histogram(_Metric):
 class Registry:
     """Every metric of the process, rendered together for `GET /metrics`."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "", process_metrics: bool = False) -> None:
         self._metrics: dict[str, _Metric] = {}
+        self.prefix = prefix  # every name must start with it
+        self.process_metrics = process_metrics
 
     def _register(self, cls: type, name: str, help: str, labels: Iterable[str], **kwargs: object) -> _Metric:
+        if not name.startswith(self.prefix):
+            raise ValueError(f"metric {name}: every metric of this registry is named {self.prefix}*")
         existing = self._metrics.get(name)
         if existing is not None:
             if type(existing) is not cls or existing.label_names != tuple(labels):
@@ -178,7 +193,8 @@ class Registry:
         lines: list[str] = []
         for name in sorted(self._metrics):
             lines.extend(self._metrics[name].render())
-        return "\n".join(lines) + "\n"
+        process = prometheus_client.generate_latest(_PROCESS).decode() if self.process_metrics else ""
+        return "\n".join(lines) + "\n" + process
 
 
-METRICS = Registry()
+METRICS = Registry(PREFIX, process_metrics=True)

@@ -58,9 +58,16 @@ class SseUsageFilter:
         self.watch = watch
         self.payloads: list[dict] = []  # every event payload that held a usage object, in order
         self.events = SseEvents(bound)
+        self.fed = 0  # bytes read from the upstream so far
+
+    @property
+    def cut(self) -> bool:
+        """The stream has not reached its API's end marker (so far)."""
+        return self.watch is not None and not self.watch.ended
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to relay now."""
+        self.fed += len(chunk)
         pieces = self.events.feed(chunk)
         if len(pieces) == 1:
             return self._relayed(pieces[0])
@@ -78,7 +85,7 @@ class SseUsageFilter:
         rest = self.events.finish()
         if not rest:
             return b""
-        if self.watch is not None and not self.watch.ended:
+        if self.cut:
             return b""  # an SSE client discards an event without its blank line anyway
         if self.reads_usage and self._read(rest) and self.strip:
             return b""
@@ -175,62 +182,31 @@ async def relay(
     before that API's end marker gets one error event in its form (proxy/stream_ends.py).
     """
     sse = _sse_filter(upstream, turn, api)
-    watch = sse.watch if sse is not None else None
     reads_json = turn is not None and upstream.status < 400 and upstream.content_type != "text/event-stream"
     captured = bytearray() if reads_json else None
-    extra = turn.headers if turn is not None else {}
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    body_changes = sse is not None and (sse.strip or watch is not None)
-    response.headers.update(response_headers(upstream, extra, body_changes=body_changes))
+    body_changes = sse is not None and (sse.strip or sse.watch is not None)
+    response.headers.update(response_headers(upstream, turn.headers if turn else {}, body_changes=body_changes))
     STREAMS_IN_FLIGHT.inc()
-    completed, relayed = False, 0
+    completed = False
     try:
-        chunks = upstream.content.iter_any()
-        first = prefix or await anext(chunks, b"")
-        if not first and watch is not None:
-            watch.cut("eof", 0)
-            raise UpstreamError("The upstream ended its stream before sending anything.", code="upstream_incomplete")
-        # Headers go out with the first body bytes: an upstream that breaks before them still gets a 502.
-        await response.prepare(request)
-        pending = first
-        while pending:
-            relayed += len(pending)
-            out = pending
-            if sse is not None:
-                out = sse.feed(pending)
-            elif captured is not None and len(captured) < _MAX_JSON_CAPTURE:
-                captured += pending
-            if out:
-                await response.write(out)
-            pending = await anext(chunks, b"")
-        if sse is not None and (rest := sse.finish()):
-            await response.write(rest)
+        await _copy(request, upstream, response, sse, captured, prefix)
         completed = True
     except ConnectionResetError:  # writing to a client that is gone (aiohttp's is also a ClientError)
         log.info("client went away during a %s response", route)
         return response
     except (TimeoutError, aiohttp.ClientError) as exc:
         BROKEN_STREAMS.inc(route=route)
-        cause = "timeout" if isinstance(exc, TimeoutError) else "reset"
-        if watch is None:
-            log.warning("upstream broke mid-response (%s); ending the client's stream", type(exc).__name__)
-        if not response.prepared:
-            if watch is not None:
-                watch.cut(cause, relayed)
-            raise _error_before_headers(exc) from exc
-        if watch is None:
-            _break_connection(request)
-        elif not watch.ended:
-            await _end_cut(request, response, sse, cause, relayed)
-        return response  # a stream past its end marker ends cleanly: the answer is whole
+        await _upstream_broke(request, response, sse, exc)
+        return response
     finally:
         STREAMS_IN_FLIGHT.dec()
         if completed:
             upstream.release()
         else:  # client gone, cancelled, or upstream broken: drop the upstream connection now
             upstream.close()
-    if watch is not None and not watch.ended:
-        await _end_cut(request, response, sse, "eof", relayed)
+    if sse is not None and sse.cut:
+        await _end_cut(request, response, sse, "eof")
         return response
     payloads = sse.payloads if sse is not None else _payload_from_json(captured) if captured else []
     if payloads and turn is not None:
@@ -241,12 +217,59 @@ async def relay(
     return response
 
 
-async def _end_cut(
-    request: web.Request, response: web.StreamResponse, sse: SseUsageFilter | None, cause: str, relayed: int
+async def _copy(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    response: web.StreamResponse,
+    sse: SseUsageFilter | None,
+    captured: bytearray | None,
+    prefix: bytes,
 ) -> None:
+    """The upstream's body to the client as it arrives, through `sse` or kept aside in `captured` (its head)."""
+    chunks = upstream.content.iter_any()
+    first = prefix or await anext(chunks, b"")
+    if not first and sse is not None and sse.watch is not None:
+        sse.watch.cut("eof", 0)
+        raise UpstreamError("The upstream ended its stream before sending anything.", code="upstream_incomplete")
+    # Headers go out with the first body bytes: an upstream that breaks before them still gets a 502.
+    await response.prepare(request)
+    pending = first
+    while pending:
+        out = pending
+        if sse is not None:
+            out = sse.feed(pending)
+        elif captured is not None and len(captured) < _MAX_JSON_CAPTURE:
+            captured += pending
+        if out:
+            await response.write(out)
+        pending = await anext(chunks, b"")
+    if sse is not None and (rest := sse.finish()):
+        await response.write(rest)
+
+
+async def _upstream_broke(
+    request: web.Request, response: web.StreamResponse, sse: SseUsageFilter | None, exc: BaseException
+) -> None:
+    """Before any byte: a 502/504. After: the error event if the stream was cut, else end (or break) it."""
+    watch = sse.watch if sse is not None else None
+    cause = "timeout" if isinstance(exc, TimeoutError) else "reset"
+    if watch is None:
+        log.warning("upstream broke mid-response (%s); ending the client's stream", type(exc).__name__)
+    if not response.prepared:
+        if sse is not None and watch is not None:
+            watch.cut(cause, sse.fed)
+        raise _error_before_headers(exc) from exc
+    if sse is None or watch is None:
+        _break_connection(request)
+    elif sse.cut:
+        await _end_cut(request, response, sse, cause)
+    # else: past its end marker the answer is whole, and the stream ends cleanly
+
+
+async def _end_cut(request: web.Request, response: web.StreamResponse, sse: SseUsageFilter, cause: str) -> None:
     """Tell the client its stream was cut, in its API's own error event, then end it without a clean end."""
-    assert sse is not None and sse.watch is not None
-    event = sse.watch.cut(cause, relayed)
+    assert sse.watch is not None
+    event = sse.watch.cut(cause, sse.fed)
     if sse.events.unread:  # part of an event past the bound went out: end that event first
         event = b"\n\n" + event
     with contextlib.suppress(ConnectionResetError):

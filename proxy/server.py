@@ -197,7 +197,10 @@ def create_app(
     app[UPSTREAM] = upstream if upstream is not None else Upstream(holder)
     # One worker: engine turns on it run one at a time, and each session's lock orders it with the loop.
     app[ENGINE_THREAD] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="context-engine")
-    app[BODY_BUDGET] = BodyBudget(int(holder.settings.server.body_budget_mb * 1024 * 1024))
+    # Never below one body of the largest size allowed, or such a body would be refused for good.
+    app[BODY_BUDGET] = BodyBudget(
+        max(int(holder.settings.server.body_budget_mb * 1024 * 1024), max_body(holder.settings))
+    )
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
     for dialect, handler in REWRITE_ROUTES.items():

@@ -32,18 +32,26 @@ from proxy.state import SessionStore, store_from_config
 from proxy.tokens import TokenCounter, counter_for
 
 _POLICY = ("policy",)
-TOKENS_BEFORE = METRICS.counter("context_tokens_before_total", "Prompt tokens the clients sent (estimated)", _POLICY)
-TOKENS_AFTER = METRICS.counter("context_tokens_after_total", "Prompt tokens forwarded upstream (estimated)", _POLICY)
-TOKENS_SAVED = METRICS.counter("context_tokens_saved_total", "Prompt tokens the engine removed (estimated)", _POLICY)
-CACHED_TOKENS = METRICS.counter("context_upstream_cached_tokens_total", "Cached prompt tokens billed", _POLICY)
-PROMPT_TOKENS = METRICS.counter("context_upstream_prompt_tokens_total", "Prompt tokens billed upstream", _POLICY)
-EPOCHS = METRICS.counter("context_epochs_total", "Turns whose edit epoch changed the forwarded prefix", _POLICY)
-MESSAGES_REUSED = METRICS.counter(
-    "context_messages_reused_total", "Messages taken from the session's last body instead of parsed again"
+TOKENS_BEFORE = METRICS.counter(
+    "context_proxy_tokens_before_total", "Prompt tokens the clients sent (estimated)", _POLICY
 )
-RETRIES = METRICS.counter("context_refits_total", "Requests re-fitted after context_length_exceeded", _POLICY)
-COST = METRICS.counter("context_estimated_cost_usd_total", "Input cost, proxied or direct", ("policy", "route"))
-SAVED = METRICS.gauge("context_estimated_saved_usd", "Direct minus proxied input cost (negative when worse)", _POLICY)
+TOKENS_AFTER = METRICS.counter(
+    "context_proxy_tokens_after_total", "Prompt tokens forwarded upstream (estimated)", _POLICY
+)
+TOKENS_SAVED = METRICS.counter(
+    "context_proxy_tokens_saved_total", "Prompt tokens the engine removed (estimated)", _POLICY
+)
+CACHED_TOKENS = METRICS.counter("context_proxy_upstream_cached_tokens_total", "Cached prompt tokens billed", _POLICY)
+PROMPT_TOKENS = METRICS.counter("context_proxy_upstream_prompt_tokens_total", "Prompt tokens billed upstream", _POLICY)
+EPOCHS = METRICS.counter("context_proxy_epochs_total", "Turns whose edit epoch changed the forwarded prefix", _POLICY)
+MESSAGES_REUSED = METRICS.counter(
+    "context_proxy_messages_reused_total", "Messages taken from the session's last body instead of parsed again"
+)
+RETRIES = METRICS.counter("context_proxy_refits_total", "Requests re-fitted after context_length_exceeded", _POLICY)
+COST = METRICS.counter("context_proxy_estimated_cost_usd_total", "Input cost, proxied or direct", ("policy", "route"))
+SAVED = METRICS.gauge(
+    "context_proxy_estimated_saved_usd", "Direct minus proxied input cost (negative when worse)", _POLICY
+)
 
 
 def _capsule(spec: CapsuleSpec) -> Capsule:

@@ -7,7 +7,9 @@ the proxy with the access middleware installed; the tests talk to it over real s
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
+import subprocess
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +23,14 @@ from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulat
 
 # Every robustness test runs against the pass-through shell and against the real ContextService.
 ENGINES = [pytest.param(False, id="passthrough"), pytest.param(True, id="engine")]
+
+
+def listening_port(process: subprocess.Popen[str]) -> int:
+    """The port a `context-proxy serve` subprocess bound, from its start-up line on stderr."""
+    for line in process.stderr or ():
+        if found := re.search(r"listening on http://[^:]+:(\d+)", line):
+            return int(found[1])
+    raise AssertionError("the proxy exited before listening")
 
 
 def closed_port() -> int:

@@ -228,9 +228,9 @@ async def test_metrics_are_per_policy_never_per_session(rig: Rig, sim: Any) -> N
     assert 1.0 <= rig.context.ratios[MODEL] < 1.1  # learned from usage: the simulator counts a little more
     async with aiohttp.ClientSession() as http, http.get(rig.root + "/metrics") as response:
         text = await response.text()
-    assert 'context_tokens_saved_total{policy="agents"}' in text
-    assert 'context_upstream_cached_tokens_total{policy="agents"}' in text
-    assert 'context_estimated_saved_usd{policy="agents"}' in text
+    assert 'context_proxy_tokens_saved_total{policy="agents"}' in text
+    assert 'context_proxy_upstream_cached_tokens_total{policy="agents"}' in text
+    assert 'context_proxy_estimated_saved_usd{policy="agents"}' in text
     assert "agent-metrics" not in text
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import email
 import importlib.metadata
 import os
-import re
 import subprocess
 import sys
 import zipfile
@@ -19,6 +18,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 from packaging.requirements import Requirement
+
+from tests.harness import listening_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -107,7 +108,7 @@ async def test_a_plain_install_serves_from_any_folder_with_its_packaged_config(
         text=True,
     )
     try:
-        port = _listening_port(process)
+        port = listening_port(process)
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/healthz") as response:
             assert response.status == 200
     finally:
@@ -116,11 +117,3 @@ async def test_a_plain_install_serves_from_any_folder_with_its_packaged_config(
     help_text = _run(plain_install, "context-proxy", "serve", "--help", cwd=tmp_path).stdout
     packaged = help_text.split("default: the packaged ", 1)[1].split(")")[0]
     assert Path(packaged).is_file() and str(plain_install.parent) in packaged
-
-
-def _listening_port(process: subprocess.Popen[str]) -> int:
-    """The port from the start-up line ("listening on http://127.0.0.1:PORT")."""
-    for line in process.stderr:
-        if found := re.search(r"listening on http://[^:]+:(\d+)", line):
-            return int(found[1])
-    raise AssertionError("the proxy exited before listening")

@@ -237,4 +237,4 @@ async def reused_messages(root: str) -> float:
     async with aiohttp.ClientSession() as http, http.get(f"{root}/metrics") as response:
         text = await response.text()
     lines = text.splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith("context_messages_reused_total"))
+    return sum(float(line.split()[-1]) for line in lines if line.startswith("context_proxy_messages_reused_total"))

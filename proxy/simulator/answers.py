@@ -106,6 +106,50 @@ def _sample(schema: Any) -> Any:
     return {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}.get(kind, "ls -la")
 
 
+def structured_answer(response_format: Any) -> str | None:
+    """The content for a `response_format` (`json_schema`: an instance valid against it; `json_object`: an
+    object), or None for plain text."""
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_object":
+        return json.dumps({"answer": "ok"})
+    if kind != "json_schema":
+        return None
+    schema = (response_format.get("json_schema") or {}).get("schema") or {}
+    return json.dumps(_instance(schema, schema, 0))
+
+
+def _instance(schema: Any, root: dict, depth: int) -> Any:
+    """A small value valid against `schema` (types, properties, required, enum/const, $ref, anyOf, min sizes)."""
+    if not isinstance(schema, dict) or depth > 32:
+        return None
+    if "$ref" in schema:  # "#/$defs/Name", as the SDK's pydantic schemas write them
+        target: Any = root
+        for part in schema["$ref"].removeprefix("#/").split("/"):
+            target = target.get(part, {}) if isinstance(target, dict) else {}
+        return _instance(target, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if schema.get(key):
+            return _instance(schema[key][0], root, depth + 1)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {name: _instance(props[name], root, depth + 1) for name in props}
+    if kind == "array":
+        return [_instance(schema.get("items"), root, depth + 1) for _ in range(schema.get("minItems", 1))]
+    if kind == "string":
+        return "x" * max(2, schema.get("minLength", 0))
+    if kind in ("integer", "number"):
+        value = max(schema.get("minimum", 1), schema.get("exclusiveMinimum", 0) + 1)
+        return int(value) if kind == "integer" else float(value)
+    return {"boolean": True, "null": None}.get(kind)
+
+
 def tool_calls(tools: list[Any], n: int, base: int) -> list[dict[str, Any]]:
     """`n` calls of the offered tools, round robin, with arguments that fit their schemas."""
     calls = []

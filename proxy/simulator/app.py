@@ -6,6 +6,7 @@ import base64
 import hashlib
 import struct
 import time
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -18,6 +19,7 @@ from proxy.simulator.answers import (
     chunk_choices,
     openai_error,
     request_error,
+    structured_answer,
     tool_calls,
     window_error,
 )
@@ -51,7 +53,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
     n_calls = int(number_header(request, "X-Sim-Tool-Calls", sim.config.tool_calls)) if tools else 0
     calls = tool_calls(tools, n_calls, sim.next_id()) if n_calls > 0 else []
-    content = None if calls else sim.config.answer
+    content = None if calls else structured_answer(body.get("response_format")) or sim.config.answer
     counter = counter_for(encoding_for_model(model))
     completion = counter.count_text(content or "") + sum(
         counter.count_text(c["function"]["name"] + c["function"]["arguments"]) for c in calls
@@ -104,8 +106,21 @@ async def _replay(request: web.Request, name: str) -> web.StreamResponse:
 
 async def list_models(request: web.Request) -> web.StreamResponse:
     models = request.app[SIMULATOR].config.models
-    rows = [{"id": name, "object": "model", "created": 1715367049, "owned_by": "system"} for name in models]
+    rows = [_model_object(name) for name in models]
     return await send_json(request, {"object": "list", "data": rows})
+
+
+async def retrieve_model(request: web.Request) -> web.StreamResponse:
+    """`GET /v1/models/{id}`: the model object, or OpenAI's 404 for a model the simulator does not serve."""
+    name = request.match_info["model"]
+    if name not in request.app[SIMULATOR].config.models:
+        message = f"The model `{name}` does not exist or you do not have access to it."
+        return openai_error(404, message, "invalid_request_error", "model_not_found")
+    return await send_json(request, _model_object(name))
+
+
+def _model_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 1715367049, "owned_by": "system"}
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -147,6 +162,7 @@ def create_simulator_app(config: SimulatorConfig | None = None) -> web.Applicati
     app.on_response_prepare.append(_add_extra_headers)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model}", retrieve_model)
     app.router.add_post("/v1/embeddings", embeddings)
     messages.add_routes(app)
     responses.add_routes(app)

@@ -44,7 +44,7 @@ from proxy.state.sqlite import STATE_FAILURES, STATE_TOO_LARGE
 log = logging.getLogger("proxy.state")
 
 STATE_CONFLICTS = METRICS.counter(
-    "context_state_conflicts_total", "Turns re-run because another process wrote their session first"
+    "context_proxy_state_conflicts_total", "Turns re-run because another process wrote their session first"
 )
 
 PREFIX = "context-proxy:"

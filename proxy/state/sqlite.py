@@ -27,10 +27,10 @@ from proxy.state.memory import SessionStore
 log = logging.getLogger("proxy.state")
 
 STATE_FAILURES = METRICS.counter(
-    "context_state_failures_total", "Session store writes or reads that failed (the turn went on)", ("store",)
+    "context_proxy_state_failures_total", "Session store writes or reads that failed (the turn went on)", ("store",)
 )
 STATE_TOO_LARGE = METRICS.counter(
-    "context_state_too_large_total", "Sessions past state.max_session_kb, kept in memory only", ("store",)
+    "context_proxy_state_too_large_total", "Sessions past state.max_session_kb, kept in memory only", ("store",)
 )
 
 _SCHEMA = """
