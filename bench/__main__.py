@@ -1,9 +1,5 @@
-<<<<<<< HEAD
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|long-event`
-=======
-"""`python -m bench overhead|scaling|memory|savings|responses|profile|stall|ab|smoke|quality|long-event|bodies`
->>>>>>> main
-`[-n N] [--ref REV] [--json FILE]`.
+`|bodies|state [-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -102,6 +98,12 @@ def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return quality.run_quality(), quality.render
 
 
+def _state(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import state
+
+    return state.run_state(turns=ns.n or None), state.render
+
+
 COMMANDS: dict[str, Runner] = {
     "overhead": _overhead,
     "scaling": _scaling,
@@ -116,6 +118,7 @@ COMMANDS: dict[str, Runner] = {
     "quality": _quality,
     "long-event": _long_event,
     "bodies": _bodies,
+    "state": _state,
 }
 
 
