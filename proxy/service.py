@@ -78,6 +78,7 @@ class _Inputs:
     capsules: tuple[Capsule, ...]
     cuts: CutCache
     cache_key: str | None = None  # the session id, for APIs that route their prompt cache by one
+    cache_breakpoints: bool = False  # the dialect may add prompt-cache breakpoints ([anthropic] place_breakpoints)
 
     def run(self, journal: Journal, correction: float) -> Outcome:
         conversation = self.conversation
@@ -150,6 +151,8 @@ class EngineTurn:
             body = self.dialect.render(body, conversation, out, outcome.sources)
         if self.inputs.cache_key:
             body = self.dialect.with_session(body, self.inputs.cache_key)
+        if self.inputs.cache_breakpoints:
+            body = self.dialect.with_cache_breakpoints(body)
         self.body, self.strip_usage_chunk = self.dialect.with_usage_requested(body)
         self.unchanged = self.unchanged and self.body is self.client_body
         self.headers = dict(outcome.report.headers())
@@ -209,7 +212,8 @@ class EngineTurn:
         learned = refit_correction(reported_prompt_tokens, self.estimate)
         self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
-        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction)
+        margin = self.inputs.model.estimate_margin
+        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction, margin)
         with self.session.lock:
             outcome = self.inputs.run(self.journal_before, correction)
             self.stats.retried = True
@@ -274,11 +278,12 @@ class EngineService:
             capsules=tuple(_capsule(s) for s in specs),
             cuts=self.cuts,
             cache_key=session_id if settings.responses.set_prompt_cache_key else None,
+            cache_breakpoints=settings.anthropic.place_breakpoints,
         )
         session = self.store.get(scoped_key(session_id, credential))
         with session.lock:
             session.policy = policy.name
-            correction = self.calibration.correction(conversation.model, session.correction)
+            correction = self.calibration.correction(conversation.model, session.correction, model.estimate_margin)
             outcome = inputs.run(session.journal, correction)
             if outcome.overflow:
                 raise ContextOverflow(outcome.overflow.message())
