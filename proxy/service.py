@@ -48,6 +48,14 @@ TOKENS_SAVED = METRICS.counter(
 CACHED_TOKENS = METRICS.counter("context_proxy_upstream_cached_tokens_total", "Cached prompt tokens billed", _POLICY)
 PROMPT_TOKENS = METRICS.counter("context_proxy_upstream_prompt_tokens_total", "Prompt tokens billed upstream", _POLICY)
 EPOCHS = METRICS.counter("context_proxy_epochs_total", "Turns whose edit epoch changed the forwarded prefix", _POLICY)
+RECALL_MISSES = METRICS.counter(
+    "context_proxy_recall_misses_total",
+    "Turns whose agent message used what only content the proxy removed held",
+    _POLICY,
+)
+RERUNS = METRICS.counter(
+    "context_proxy_cleared_reruns_total", "Calls the agent re-ran after the proxy cleared their output", _POLICY
+)
 MESSAGES_REUSED = METRICS.counter(
     "context_proxy_messages_reused_total", "Messages taken from the session's last body instead of parsed again"
 )
@@ -74,6 +82,7 @@ class _Inputs:
     capsules: tuple[Capsule, ...]
     cuts: CutCache
     cache_key: str | None = None  # the session id, for APIs that route their prompt cache by one
+    cache_breakpoints: bool = False  # the dialect may add prompt-cache breakpoints ([anthropic] place_breakpoints)
 
     def run(self, journal: Journal, correction: float) -> Outcome:
         conversation = self.conversation
@@ -149,6 +158,8 @@ class EngineTurn:
             body = self.dialect.render(body, conversation, out, outcome.sources)
         if self.inputs.cache_key:
             body = self.dialect.with_session(body, self.inputs.cache_key)
+        if self.inputs.cache_breakpoints:
+            body = self.dialect.with_cache_breakpoints(body)
         self.body, self.strip_usage_chunk = self.dialect.with_usage_requested(body)
         self.unchanged = self.unchanged and self.body is self.client_body
         model = self.inputs.model
@@ -218,7 +229,8 @@ class EngineTurn:
         learned = refit_correction(reported_prompt_tokens, self.estimate)
         self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
-        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction)
+        margin = self.inputs.model.estimate_margin
+        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction, margin)
         with self.session.lock:
             outcome = self.inputs.run(self.journal_before, correction)
             self.stats.retried = True
@@ -286,11 +298,12 @@ class EngineService:
             capsules=tuple(_capsule(s) for s in specs),
             cuts=self.cuts,
             cache_key=session_id if settings.responses.set_prompt_cache_key else None,
+            cache_breakpoints=settings.anthropic.place_breakpoints,
         )
         session = self.store.get(scoped_key(session_id, credential))
         with session.lock:
             session.policy = policy.name
-            correction = self.calibration.correction(conversation.model, session.correction)
+            correction = self.calibration.correction(conversation.model, session.correction, model.estimate_margin)
             outcome = inputs.run(session.journal, correction)
             if outcome.overflow:
                 raise ContextOverflow(outcome.overflow.message())
@@ -337,7 +350,11 @@ class EngineService:
         if session is None:  # the id as the client named it: the most recent client's session of that name
             named = [s for s in self.store if visible_id(s.id) == session_id]
             session = max(named, key=lambda s: s.last_seen, default=None)
-        return session.to_dict() if session is not None else None
+        if session is None:
+            return None
+        recall = session.journal.recall
+        # Turns whose agent message used what only removed content held; calls re-run after their output was cleared.
+        return {**session.to_dict(), "recall_misses": recall.misses, "cleared_reruns": recall.reruns}
 
     def _record_metrics(self, policy: str, outcome: Outcome) -> None:
         report = outcome.report
@@ -346,6 +363,10 @@ class EngineService:
         TOKENS_SAVED.inc(max(0, report.tokens_before - report.tokens_after), policy=policy)
         if report.epoch:
             EPOCHS.inc(policy=policy)
+        if report.recall_missed:
+            RECALL_MISSES.inc(policy=policy)
+        if report.reruns:
+            RERUNS.inc(report.reruns, policy=policy)
 
 
 def build_context_service(holder: ConfigHolder) -> EngineService:
