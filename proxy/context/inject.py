@@ -2,7 +2,9 @@
 
 Only capsules new to the conversation are injected, in one system message placed after
 the prefix the upstream has cached; kept ones stay where they were first injected (the
-journal replays them), so nothing is sent twice and the cached prefix is never touched.
+journal replays them), so nothing is sent twice and the cached prefix is never touched,
+except by an epoch: a capsule removed or changed in the config is a reason for one, which
+takes it out of the body (`stale_capsules`, `drop_capsules`); a changed one is then new.
 """
 
 from __future__ import annotations
@@ -43,10 +45,36 @@ def inject_capsules(
         state.snapshot = [b for b in now if b.anchor not in deferred]
         return diff
     if fresh and anchor is not None:
-        text = "\n\n".join([CAPSULE_HEADER, *(f"[{c.kind}: {c.id}]\n{c.text}" for c in fresh)])
-        state.injections.append(Injection(anchor, tuple(_key(c) for c in fresh), text))
+        state.injections.append(Injection(anchor, tuple(_key(c) for c in fresh), _message_text(fresh)))
     state.snapshot = now
     return diff
+
+
+def stale_capsules(state: Journal, capsules: Sequence[Capsule]) -> set[str]:
+    """Keys of capsules in the conversation that the config no longer holds as they were (removed or changed)."""
+    return state.injected() - {_key(c) for c in capsules}
+
+
+def drop_capsules(state: Journal, stale: set[str], capsules: Sequence[Capsule]) -> None:
+    """Take the `stale` capsules out of the messages that carry them (in an epoch: the prefix changes).
+
+    What stays in a message is configured as it was injected, so its text is written again from `capsules`.
+    """
+    if not stale:
+        return
+    by_key = {_key(c): c for c in capsules}
+    kept: list[Injection] = []
+    for injection in state.injections:
+        keys = tuple(k for k in injection.capsules if k not in stale)
+        if keys == injection.capsules:
+            kept.append(injection)
+        elif keys:
+            kept.append(Injection(injection.anchor, keys, _message_text([by_key[k] for k in keys])))
+    state.injections = kept
+
+
+def _message_text(capsules: Sequence[Capsule]) -> str:
+    return "\n\n".join([CAPSULE_HEADER, *(f"[{c.kind}: {c.id}]\n{c.text}" for c in capsules)])
 
 
 def _select(

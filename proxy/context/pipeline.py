@@ -16,7 +16,7 @@ from typing import Any
 from proxy.context.capsules import Capsule
 from proxy.context.clearing import ClearPlan
 from proxy.context.draft import Draft
-from proxy.context.inject import inject_capsules
+from proxy.context.inject import drop_capsules, inject_capsules, stale_capsules
 from proxy.context.journal import Journal, TurnReport
 from proxy.context.messages import Message, is_tool_output, message_digest
 from proxy.context.misses import index_removed, observe_newest
@@ -102,12 +102,15 @@ def process(
     report = TurnReport(turn=state.turn + 1, tokens_before=draft.total(state.tokens), tokens_after=0, deduped=deduped)
     report.recall_missed, report.reruns = observe_newest(draft, out)
     epoch = _epoch_needed(draft, out, counts)
+    if stale := stale_capsules(state, capsules):  # a capsule removed or changed in the config leaves the body
+        epoch = Epoch((*epoch.reasons, "capsules"), epoch.plan) if epoch else Epoch(("capsules",))
     if epoch is not None:
         report.epoch, report.reasons = True, epoch.reasons
         state.unpaid_bound = 0
         before = list(state.decisions)
         for step in edits:
             step.edit(draft, epoch, report)
+        drop_capsules(state, stale, capsules)
         index_removed(draft, before)
         new_out, counts = draft.render()
         report.first_changed = _first_difference(out, new_out)
