@@ -1,5 +1,5 @@
 """`python -m bench overhead|scaling|memory|savings|responses|profile|stall|ab|smoke|quality|long-event|bodies|
-slow-clients` `[-n N] [--ref REV] [--json FILE]`.
+state|slow-clients` `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -98,6 +98,12 @@ def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return quality.run_quality(), quality.render
 
 
+def _state(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import state
+
+    return state.run_state(turns=ns.n or None), state.render
+
+
 COMMANDS: dict[str, Runner] = {
     "overhead": _overhead,
     "scaling": _scaling,
@@ -112,6 +118,7 @@ COMMANDS: dict[str, Runner] = {
     "long-event": _long_event,
     "bodies": _bodies,
     "slow-clients": _slow_clients,
+    "state": _state,
 }
 
 

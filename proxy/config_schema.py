@@ -38,6 +38,12 @@ def _http_url(url: str) -> str:
     return url
 
 
+def _redis_url(url: str) -> str:
+    if url and urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"should be a redis://, rediss:// or unix:// URL, like redis://127.0.0.1:6379/0, not {url!r}")
+    return url
+
+
 def _regexes(patterns: tuple[str, ...]) -> tuple[str, ...]:
     if problem := pattern_problem(patterns):  # as the engine will run them (RE2)
         raise ValueError(problem)
@@ -58,6 +64,10 @@ RULES: dict[str, Any] = {
     "UpstreamConfig.connect_timeout_s": Field(gt=0),
     "UpstreamConfig.read_timeout_s": Field(gt=0),
     "StateConfig.max_sessions": Field(ge=1),
+    "StateConfig.max_session_kb": Field(gt=0),
+    "StateConfig.redis_url": AfterValidator(_redis_url),
+    "StateConfig.redis_timeout_ms": Field(gt=0),
+    "StateConfig.redis_retry_s": Field(ge=0),
     "Policy.truncation": Literal[TRUNCATIONS],
     "Policy.high_water": SHARE,
     "Policy.low_water": SHARE,

@@ -35,6 +35,7 @@ from proxy.rewrite import REWRITE_ROUTES, ROUTE_DIALECTS
 from proxy.seam import BodyParser, ContextService, PassthroughService
 from proxy.stream_ends import api_for_path
 from proxy.upstream import Upstream
+from proxy.websocket import is_websocket, websocket
 
 log = logging.getLogger("proxy.server")
 
@@ -59,6 +60,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     tail = _upstream_tail(request)
     if tail is None:
         raise InvalidRequest("Dot segments are not allowed in the path.", code="invalid_path")
+    if is_websocket(request):  # Codex's WebSocket mode: relayed message by message, unedited
+        return await websocket(request, tail)
     if request.content_length is not None and request.content_length > max_body(settings):
         raise too_large(settings)
     body = StreamedBody(request, settings) if request.body_exists else None

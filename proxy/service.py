@@ -247,11 +247,13 @@ class EngineService:
         digests: list[bytes] | None = None,
         dialect: Dialect = CHAT,
     ) -> EngineTurn | PassthroughTurn:
+        hints = dialect.session_hints(headers, body)
         if reason := dialect.unedited_reason(body):
+            session_id = session_id_for(path_session, headers, hints, credential, Conversation([], []))
+            self._record_unedited(scoped_key(session_id, credential), dialect, body, reason)
             return PassthroughTurn(body=body, headers={"X-Context-Unedited": reason})
         settings = self.holder.settings
         conversation = dialect.conversation(body, digests)
-        hints = dialect.session_hints(headers, body)
         session_id = session_id_for(path_session, headers, hints, credential, conversation)
         policy, specs = settings.policy_for(session_id)
         model = settings.model(conversation.model)
@@ -273,10 +275,18 @@ class EngineService:
             if outcome.overflow:
                 raise ContextOverflow(outcome.overflow.message())
             turn = EngineTurn(session, inputs, body, session.journal, store=self.store, calibration=self.calibration)
+            turn.stats.api = dialect.name
             session.add_turn(turn.stats)
             turn.apply(outcome, correction)
         self._record_metrics(policy.name, outcome)
         return turn
+
+    def _record_unedited(self, key: str, dialect: Dialect, body: Mapping[str, Any], reason: str) -> None:
+        """A turn whose history the upstream holds: shown in /sessions as forwarded unedited."""
+        session = self.store.get(key)
+        with session.lock:
+            session.add_turn(TurnStats(model=str(body.get("model") or ""), api=dialect.name, unedited=reason))
+            self.store.save(session)
 
     def close(self) -> None:
         """Write out what the session store has queued (at shutdown)."""

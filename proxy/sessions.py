@@ -113,10 +113,14 @@ class TurnStats:
     cost_usd: float | None = None
     direct_cost_usd: float | None = None  # the same turn sent unedited, as estimated from our counts
     retried: bool = False
+    api: str = "chat"  # the dialect's name: chat, responses, messages
+    unedited: str | None = None  # why the turn went upstream as sent (Responses: previous_response_id, conversation)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **(self.report.to_dict() if self.report is not None else {}),
+            "api": self.api,
+            "unedited": self.unedited,
             "model": self.model,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -128,7 +132,8 @@ class TurnStats:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TurnStats:
         data = dict(data)
-        fields = {k: data.pop(k) for k in ("model", "prompt_tokens", "cached_tokens", "retried") if k in data}
+        names = ("model", "prompt_tokens", "cached_tokens", "retried", "api", "unedited")
+        fields = {k: data.pop(k) for k in names if k in data}
         costs = {k: data.pop(k) for k in ("cost_usd", "direct_cost_usd") if k in data}
         report = TurnReport.from_dict(data) if "turn" in data else None
         return cls(report=report, **fields, **costs)

@@ -33,12 +33,11 @@ log = logging.getLogger("proxy.relay")
 
 STREAMS_CUT = METRICS.counter(
     "context_proxy_streams_cut_total",
-    "Upstream streams that ended before their API's end marker; the client got an error event",
+    "Upstream streams that ended before their API's end marker; the client got an error event (a 502 before any byte)",
     ["api", "cause"],
 )
 
-# Why a stream ended early: the upstream closed it, broke the connection, or went silent.
-CAUSES = ("eof", "reset", "timeout")
+# Why a stream ended early (the `cause` label): the upstream closed it, broke the connection, or went silent.
 _CODES = {"eof": "upstream_incomplete", "reset": "upstream_broken", "timeout": "upstream_timeout"}
 _MESSAGES = {
     "eof": "The upstream ended the stream before it was complete: this answer is cut short.",

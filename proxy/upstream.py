@@ -136,6 +136,32 @@ class Upstream:
         headers["Accept-Encoding"] = "identity" if identity or not accept else accept
         return headers
 
+    async def websocket(
+        self, tail: str, *, query_string: str, headers: Mapping[str, str]
+    ) -> aiohttp.ClientWebSocketResponse:
+        """A WebSocket to the upstream (Codex's WebSocket mode); the client's handshake headers stay behind."""
+        if self._session is None:
+            raise RuntimeError("Upstream.start() was not awaited")
+        out = self.headers_for(headers, identity=True)
+        for name in [n for n in out if n.lower().startswith("sec-websocket-")]:
+            out.popall(name, None)
+        config = self.holder.settings.upstream
+        try:
+            return await self._session.ws_connect(
+                self.url_for(tail, query_string),
+                headers=out,
+                protocols=tuple(p.strip() for p in headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()),
+                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=config.connect_timeout_s),
+                autoping=True,
+                max_msg_size=0,
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            raise UpstreamError(f"The upstream refused the WebSocket ({exc.status}).", status=502) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError(
+                f"The upstream could not be reached: {unreachable_cause(exc)}.", code="upstream_unreachable"
+            ) from exc
+
     async def send(
         self,
         method: str,

@@ -12,6 +12,7 @@
 #   scripts/docker_check.sh
 # Where it is not, but a Debian mirror is (root, debootstrap; the stand-in is built once, then reused):
 #   scripts/docker_check.sh --standin            # BASE = scripts/standin_base.sh's image
+# (no daemon yet on Debian: apt-get install docker.io debootstrap && dockerd --storage-driver=overlay2 &)
 # Options: --base IMAGE (any python:3.11-slim look-alike), --tag NAME (default context-proxy:check),
 #          --rm-image. Env: DOCKER (the client, default `docker`; it must build with BuildKit:
 #          with Debian's docker.io beside a newer client that lacks buildx, DOCKER=/usr/bin/docker).

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -165,12 +166,14 @@ async def test_the_simulator_refuses_an_output_without_its_call_and_an_altered_r
 
 
 async def test_server_side_history_is_forwarded_unedited_and_says_so(engine_rig: Rig) -> None:
-    async with sdk(engine_rig) as client:
+    async with sdk(engine_rig, "/s/stored-history/v1") as client:
         first = await client.responses.create(model="gpt-4o", input="Remember 7.")
         raw = await client.responses.with_raw_response.create(
             model="gpt-4o", input="What number?", previous_response_id=first.id
         )
     assert raw.headers["X-Context-Unedited"] == "previous_response_id"
+    turns = engine_rig.context.session_json("stored-history")["turn_details"]
+    assert [(t["api"], t["unedited"]) for t in turns] == [("responses", None), ("responses", "previous_response_id")]
     assert engine_rig.sim.requests[-1].raw == orjson.dumps(
         {"model": "gpt-4o", "input": "What number?", "previous_response_id": first.id}
     )
@@ -196,3 +199,18 @@ async def test_session_id_comes_from_codex_header_then_prompt_cache_key_then_met
         assert upstream_body(engine_rig)["prompt_cache_key"] == "meta"  # set to the session id when absent
     ids = {row["id"] for row in engine_rig.context.sessions_json()}
     assert {"codex-conv", "cache-key", "meta"} <= ids
+
+
+async def test_codex_websocket_mode_is_relayed_message_by_message(engine_rig: Rig) -> None:
+    create = {"type": "response.create", "model": "gpt-4o", "input": [{"role": "user", "content": "Hi."}]}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{engine_rig.base_url}/responses", headers={"Authorization": "Bearer sk-ws"}) as socket,
+    ):
+        await socket.send_str(orjson.dumps(create).decode())
+        kinds = []
+        while not kinds or kinds[-1] != "response.completed":
+            kinds.append(orjson.loads((await socket.receive(timeout=10)).data)["type"])
+    assert kinds[0] == "response.created" and "response.output_text.delta" in kinds
+    handshake = engine_rig.sim.requests[-1]
+    assert (handshake.method, handshake.headers["Authorization"]) == ("GET", "Bearer sk-ws")

@@ -244,10 +244,31 @@ async def compact(request: web.Request) -> web.StreamResponse:
                                      "output": output, "usage": _usage(0, 0, 0, 0)})  # fmt: skip
 
 
+async def websocket_mode(request: web.Request) -> web.StreamResponse:
+    """GET /v1/responses upgraded (Codex's WebSocket mode): each `response.create` answered with its events."""
+    sim, socket = request.app[SIMULATOR], web.WebSocketResponse()
+    await socket.prepare(request)
+    async for message in socket:
+        body = orjson.loads(message.data) if message.type == web.WSMsgType.TEXT else None
+        if (
+            not isinstance(body, dict)
+            or body.get("type") != "response.create"
+            or not isinstance(body.get("model"), str)
+        ):
+            await socket.send_str(orjson.dumps({"type": "error", "code": "invalid_request", "message": "bad"}).decode())
+            continue
+        response = _response(sim, body)
+        final = {**response, "status": "completed", "output": _output(sim, body, []), "usage": _usage(0, 0, 0, 0)}
+        for number, event in enumerate(_events(response, final, 1)):
+            await socket.send_str(orjson.dumps({"sequence_number": number, **event}).decode())
+    return socket
+
+
 def add_routes(app: web.Application) -> None:
     """The Responses routes, on a simulator app."""
     app[STORED] = {}
     app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses", websocket_mode)
     app.router.add_post("/v1/responses/compact", compact)
     app.router.add_route("*", "/v1/responses/{response_id}", stored_response)
     app.router.add_route("*", "/v1/responses/{response_id}/{tail}", stored_response)

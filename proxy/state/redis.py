@@ -2,11 +2,12 @@
 
 Each process keeps its recent sessions in memory (the LRU of `SessionStore`) and Redis holds
 the truth. A turn is prepared on the local copy, then `commit()` writes it with one Lua call
-that compares and sets: it succeeds only if the session's version (and the model's learned
-ratio, which steers the engine's counts) are what the turn was prepared from. Otherwise the
-same call returns the newer state, the turn is re-run on it (the loser re-aligns), and
-written again. So a session served by one process costs one round trip per turn, one that
-moves between processes two; its usage follows in one pipelined write after the answer.
+that compares and sets: it succeeds only if the session's version is the one the turn was
+prepared from. Otherwise the same call returns the newer state, the turn is re-run on it (the
+loser re-aligns), and written again. So a session served by one process costs one round trip
+per turn, one that moves between processes two (and a second engine run); its usage follows in
+one pipelined write after the answer. The model's learned ratio (calibration) is learned inside
+Redis and comes back with every commit, so every process counts with the shared ratio.
 
 Redis slow or down never stalls a turn: each call is bounded by `redis_timeout_ms`, a
 failure is counted, `/healthz` says "degraded", and for `redis_retry_s` turns go on from
@@ -33,7 +34,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from proxy.config import ConfigError, StateConfig
+from proxy.config import StateConfig
 from proxy.context.calibration import RATIO_SMOOTHING, observed_ratio
 from proxy.metrics import METRICS
 from proxy.sessions import MAX_TURNS_KEPT, Session
@@ -53,16 +54,17 @@ CALIBRATION_KEY = PREFIX + "calibration"  # hash: model -> learned ratio (repr o
 _OFFLOAD_MESSAGES = 1000
 _MAX_REALIGNS = 3  # a turn that loses this many races in a row goes out as last prepared
 
-# KEYS: session hash, calibration hash. ARGV: expected version, state, ttl ms, model, ratio used, new version.
+# KEYS: session hash, calibration hash. ARGV: expected version, state, ttl ms, model, new version.
 # The state is written only if nobody wrote since the turn was prepared (or Redis lost the key).
 # Versions are random, never counted, so two processes that each went on alone never match by chance.
+# Either way the model's shared learned ratio comes back, for this process's next turns.
 _COMMIT = """
 local v = redis.call('HGET', KEYS[1], 'v')
 local r = redis.call('HGET', KEYS[2], ARGV[4]) or ''
-if (not v or v == ARGV[1]) and (r == ARGV[5] or tonumber(r) == tonumber(ARGV[5])) then
-  redis.call('HSET', KEYS[1], 'v', ARGV[6], 's', ARGV[2])
+if not v or v == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'v', ARGV[5], 's', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {1, ARGV[6]}
+  return {1, ARGV[5], r}
 end
 local h = redis.call('HMGET', KEYS[1], 'v', 's', 'cost', 'direct_cost', 'direct_prompt')
 return {0, h[1] or '', h[2] or '', r, h[3] or '0', h[4] or '0', h[5] or '0'}
@@ -116,8 +118,6 @@ class RedisStore(SessionStore):
     @classmethod
     def from_config(cls, config: StateConfig, **kwargs: Any) -> RedisStore:
         password = os.environ.get(config.redis_password_env) if config.redis_password_env else None
-        if not config.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"[state] redis_url {config.redis_url!r}: expected redis://, rediss:// or unix://")
         return cls(
             url=config.redis_url,
             password=password or None,
@@ -160,23 +160,20 @@ class RedisStore(SessionStore):
                 await self._bounded(self.client.delete(key, _turns_key(session.id)))
                 turn.stored_journal = session.journal
                 return
-            ratio = calibration.ratios.get(model)
-            used = "" if ratio is None else repr(ratio)
             ttl = str(int(self.idle_ttl_s * 1000))
             expected = self._versions.get(session.id, "")
-            args = [expected, state, ttl, model, used, secrets.token_hex(8)]
+            args = [expected, state, ttl, model, secrets.token_hex(8)]
             reply = await self._bounded(self._commit(keys=[key, CALIBRATION_KEY], args=args))
             self.bytes_written += len(state)
+            shared_ratio = reply[2] if int(reply[0]) == 1 else reply[3]
+            if shared_ratio:
+                calibration.ratios[model] = float(shared_ratio)
             if int(reply[0]) == 1:
                 self._versions[session.id] = _text(reply[1])
                 turn.stored_journal = session.journal
                 return
             STATE_CONFLICTS.inc()
             self._adopt(turn, reply)
-            if reply[3]:
-                calibration.ratios[model] = float(reply[3])
-            else:
-                calibration.ratios.pop(model, None)
             newer = session.journal
             await asyncio.to_thread(turn.realign)
             if _holds_more(newer, session.journal):  # a late turn: what is stored already goes past it
@@ -193,7 +190,7 @@ class RedisStore(SessionStore):
             fresh = session_from(session.id, stored, orjson.dumps(stored["journal"]), b"", self._journal_from_dict)
             session.journal, session.policy = fresh.journal, fresh.policy
             session.correction, session.turn_count = fresh.correction, fresh.turn_count + 1
-        else:  # no state in Redis (lost, expired, too large), only the ratio moved: re-run on our own
+        else:  # no state (deleted for its size): re-run on our own
             session.journal = turn.journal_before
         session.cost_usd, session.direct_cost_usd = float(reply[4]), float(reply[5])
         session.direct_prompt_tokens = int(reply[6])
