@@ -1,5 +1,5 @@
-"""`python -m bench overhead|scaling|memory|savings|responses|profile|stall|ab|smoke|quality|long-event|bodies|
-state|slow-clients` `[-n N] [--ref REV] [--json FILE]`.
+"""`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|long-event`
+`|bodies|state|slow-clients [-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -48,6 +48,12 @@ def _responses(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import responses
 
     return asyncio.run(responses.run_responses(limit=ns.n or None)), responses.render
+
+
+def _anthropic(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import anthropic
+
+    return asyncio.run(anthropic.run_anthropic()), anthropic.render
 
 
 def _profile(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -110,6 +116,7 @@ COMMANDS: dict[str, Runner] = {
     "memory": _memory,
     "savings": _savings,
     "responses": _responses,
+    "anthropic": _anthropic,
     "profile": _profile,
     "stall": _stall,
     "ab": _ab,

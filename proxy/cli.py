@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default: [server] host)")
     serve.add_argument("--port", help="port to bind, 0 for any free one (default: [server] port)")
     serve.add_argument("--upstream", metavar="URL", help="upstream base URL, e.g. https://api.openai.com/v1")
+    serve.add_argument(
+        "--anthropic-upstream", metavar="URL", help="Anthropic base URL, without /v1 (default: [anthropic] base_url)"
+    )
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.add_argument("--passthrough", action="store_true", help="forward chat bodies unchanged (no context engine)")
     serve.add_argument(
@@ -103,7 +106,7 @@ def run_serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     log = logging.getLogger("proxy.cli")
     try:
-        settings = load_settings(args.config, args.upstream)
+        settings = load_settings(args.config, args.upstream, args.anthropic_upstream)
         host, port = _bind_address(args, settings)
         check_startup(settings)
         if args.workers != 1:

@@ -52,6 +52,15 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True)
+class AnthropicConfig:
+    """Anthropic's Messages API (`/v1/messages*`, and any request with `anthropic-version`) goes here."""
+
+    base_url: str = "https://api.anthropic.com"  # without /v1
+    api_key_env: str = ""  # set: the proxy sends $VAR's key as x-api-key, never the client's
+    place_breakpoints: bool = True  # add cache_control breakpoints where the client left slots (never past 4)
+
+
+@dataclass(frozen=True)
 class ResponsesConfig:
     """The Responses API (`/v1/responses`): a client without `prompt_cache_key` gets its session id as one."""
 
@@ -109,6 +118,7 @@ class Settings:
     state: StateConfig = field(default_factory=StateConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
+    anthropic: AnthropicConfig = field(default_factory=AnthropicConfig)
     models: tuple[ModelInfo, ...] = ()
     default_encoding: str = "o200k_base"
     policy_data: dict[str, Any] = field(default_factory=dict)
@@ -232,7 +242,9 @@ def load_session_rule(path: Path, policy_data: dict[str, Any]) -> SessionRule:
     return SessionRule(str(path), tuple(match), overrides, _capsules(data.get("capsules", []), source))
 
 
-def load_settings(path: str | Path | None = None, upstream_url: str | None = None) -> Settings:
+def load_settings(
+    path: str | Path | None = None, upstream_url: str | None = None, anthropic_url: str | None = None
+) -> Settings:
     """Read `proxy.toml` and the `sessions/` folder beside it; raise ConfigError (one line) on a broken one."""
     path = Path(path) if path else DEFAULT_CONFIG
     data, source = _read_toml(path)
@@ -245,6 +257,9 @@ def load_settings(path: str | Path | None = None, upstream_url: str | None = Non
     if upstream_url:
         validate(UpstreamConfig, {"base_url": upstream_url}, Source(Path("--upstream")), [])
         sections["upstream"] = replace(sections["upstream"], base_url=upstream_url)
+    if anthropic_url:
+        validate(AnthropicConfig, {"base_url": anthropic_url}, Source(Path("--anthropic-upstream")), [])
+        sections["anthropic"] = replace(sections["anthropic"], base_url=anthropic_url)
     state = sections["state"]
     if state.path and not Path(state.path).is_absolute():  # relative to the config file, not the cwd
         sections["state"] = replace(state, path=str(path.parent / state.path))
@@ -307,7 +322,12 @@ class ConfigHolder:
         if waiting := _needs_restart(self.settings, fresh):
             log.warning("config: %s changed; that takes effect after a restart", ", ".join(waiting))
         # A running server keeps its bind address and upstream; the rest takes effect.
-        self.settings = replace(fresh, server=self.settings.server, upstream=self.settings.upstream)
+        self.settings = replace(
+            fresh,
+            server=self.settings.server,
+            upstream=self.settings.upstream,
+            anthropic=replace(fresh.anthropic, base_url=self.settings.anthropic.base_url),
+        )
         self.last_error = None
         log.info("config reloaded (%s changed)", ", ".join(changed) or self.settings.path)
         return True

@@ -61,6 +61,7 @@ RULES: dict[str, Any] = {
     "ServerConfig.keepalive_timeout_s": Field(gt=0),
     "ServerConfig.body_budget_mb": Field(gt=0),
     "UpstreamConfig.base_url": AfterValidator(_http_url),
+    "AnthropicConfig.base_url": AfterValidator(_http_url),
     "UpstreamConfig.connect_timeout_s": Field(gt=0),
     "UpstreamConfig.read_timeout_s": Field(gt=0),
     "StateConfig.max_sessions": Field(ge=1),

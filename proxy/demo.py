@@ -127,13 +127,14 @@ def render(trace: Trace, model: str, info: ModelInfo, results: list[ReplayResult
         ("first failed turn", [r.first_failure for r in results]),
         ("prompt tokens billed", [r.prompt_tokens for r in results]),
         ("cached tokens", [r.cached_tokens for r in results]),
-        ("billed input, all answered", [f"${r.billed_input(info):.4f}" for r in results]),
     ]
     both = min((r.first_failure or r.turns + 1) - 1 for r in results)
-    if both < max(r.turns for r in results):
-        rows.append((f"  same turns (1-{both})", [f"${r.billed_input(info, both):.4f}" for r in results]))
+    if both < max(r.turns for r in results):  # the like-for-like comparison: the turns every replay answered
+        rows.append((f"input $, same turns 1-{both}", [f"${r.billed_input(info, both):.4f}" for r in results]))
+    answered = [f"${r.billed_input(info):.4f} ({r.turns - r.failed})" for r in results]
+    rows.append(("input $, turns it answered", answered))  # with their count: no like-for-like comparison
     lines += [_row(name, *values) for name, values in rows]
-    lines.append("  (a refused turn is not billed; a real agent stops at its first one)")
+    lines.append("  (a refused turn is not billed: compare the same turns; a real agent stops at its first refusal)")
     headers = results[-1].last_headers
     if headers:
         lines += ["", "last turn through the proxy:"] + [f"  {k}: {v}" for k, v in sorted(headers.items())]

@@ -44,7 +44,7 @@ ENGINE_ERRORS = METRICS.counter(
 def _credential(request: web.Request) -> str:
     """Who the client is, for session scoping: its proxy access key (if any) and its upstream bearer token."""
     proxy_key = request.get(CLIENT_CREDENTIAL)
-    token = authorization_token(request.headers)
+    token = authorization_token(request.headers) or request.headers.get("x-api-key", "")
     return f"{proxy_key}\n{token}" if proxy_key else token
 
 

@@ -58,6 +58,11 @@ def end_to_end(headers: Mapping[str, str], also_drop: frozenset[str] = frozenset
     return out
 
 
+def is_anthropic(tail: str, headers: Mapping[str, str]) -> bool:
+    """A request for Anthropic's API: `/v1/messages` and what is under it, or any request naming `anthropic-version`."""
+    return tail.split("?", 1)[0].split("/", 1)[0] == "messages" or "anthropic-version" in headers
+
+
 @functools.lru_cache(maxsize=8)
 def _parsed(base_url: str) -> URL:
     return URL(base_url)
@@ -104,9 +109,10 @@ class Upstream:
             await self._session.close()
             self._session = None
 
-    def url_for(self, tail: str, query_string: str = "") -> URL:
-        """`base_url` joined with the (raw, still-encoded) path after `/v1`."""
-        base = _parsed(self.holder.settings.upstream.base_url)
+    def url_for(self, tail: str, query_string: str = "", *, anthropic: bool = False) -> URL:
+        """`base_url` joined with the (raw, still-encoded) path after `/v1` (Anthropic's: its base, /v1, the path)."""
+        settings = self.holder.settings
+        base = _parsed(settings.anthropic.base_url.rstrip("/") + "/v1" if anthropic else settings.upstream.base_url)
         path = base.raw_path.rstrip("/") + "/" + tail.lstrip("/")
         return URL.build(
             scheme=base.scheme,
@@ -119,19 +125,22 @@ class Upstream:
             encoded=True,
         )
 
-    def headers_for(self, client_headers: Mapping[str, str], *, identity: bool) -> CIMultiDict[str]:
+    def headers_for(
+        self, client_headers: Mapping[str, str], *, identity: bool, anthropic: bool = False
+    ) -> CIMultiDict[str]:
         """End-to-end client headers, with the configured key in place of the client's if there is one."""
         headers = end_to_end(client_headers, _REQUEST_OWN)
-        key_env = self.holder.settings.upstream.api_key_env
+        settings = self.holder.settings
+        key_env = settings.anthropic.api_key_env if anthropic else settings.upstream.api_key_env
         if key_env:
-            headers.popall("authorization", None)
-            headers.popall("api-key", None)
+            for name in ("authorization", "api-key", "x-api-key"):
+                headers.popall(name, None)
             key = os.environ.get(key_env, "")
             if not key:
                 raise UpstreamError(
                     f"The proxy's upstream key variable {key_env} is not set.", code="upstream_key_missing"
                 )
-            headers["Authorization"] = f"Bearer {key}"
+            headers["x-api-key" if anthropic else "Authorization"] = key if anthropic else f"Bearer {key}"
         accept = client_headers.get("accept-encoding")
         headers["Accept-Encoding"] = "identity" if identity or not accept else accept
         return headers
@@ -178,13 +187,14 @@ class Upstream:
         if self._session is None:
             raise RuntimeError("Upstream.start() was not awaited")
         config = self.holder.settings.upstream
-        out = self.headers_for(headers, identity=identity)
+        anthropic = is_anthropic(tail, headers)
+        out = self.headers_for(headers, identity=identity, anthropic=anthropic)
         if isinstance(body, bytes):
             out["Content-Length"] = str(len(body))
         elif body is not None and content_length is not None:
             out["Content-Length"] = str(content_length)
         timeout = _timeout(config.connect_timeout_s, config.read_timeout_s)
-        url = self.url_for(tail, query_string)
+        url = self.url_for(tail, query_string, anthropic=anthropic)
         started = time.monotonic()
         try:
             response = await self._session.request(

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.config import AuthConfig, ConfigHolder, ServerConfig, Settings, StateConfig, UpstreamConfig
+from proxy.config import AnthropicConfig, AuthConfig, ConfigHolder, ServerConfig, Settings, StateConfig, UpstreamConfig
 from proxy.server import UPSTREAM, create_app, serve_app
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 
@@ -42,7 +42,10 @@ def closed_port() -> int:
 
 def make_settings(upstream_url: str, **sections: Any) -> Settings:
     """Settings for tests: `server=`, `upstream=`, `state=`, `auth=` dicts override the defaults."""
-    settings = Settings(upstream=UpstreamConfig(base_url=upstream_url, connect_timeout_s=2, read_timeout_s=5))
+    settings = Settings(
+        upstream=UpstreamConfig(base_url=upstream_url, connect_timeout_s=2, read_timeout_s=5),
+        anthropic=AnthropicConfig(base_url=upstream_url.removesuffix("/v1")),  # one test upstream speaks every API
+    )
     classes = {"server": ServerConfig, "upstream": UpstreamConfig, "state": StateConfig, "auth": AuthConfig}
     for name, overrides in sections.items():
         if name == "policy":

@@ -79,6 +79,11 @@ def test_the_demo_replays_through_the_proxy_and_prints_its_table(capsys):
     direct_failed, proxy_failed = (int(n) for n in rows["turns failed (window)"])
     assert direct_failed > 0 and proxy_failed == 0
     assert "X-Context-Tokens-Before:" in out and "X-Context-Tokens-After:" in out
+    # The like-for-like row compares the turns both answered; the totals say how many turns they cover.
+    same = next(line.split() for line in out.splitlines() if "input $, same turns 1-" in line)
+    assert float(same[-1].strip("$")) < float(same[-2].strip("$"))
+    answered = next(line for line in out.splitlines() if "input $, turns it answered" in line)
+    assert answered.endswith("(70)") and f"({70 - direct_failed})" in answered
 
 
 def test_demo_lists_its_traces(capsys):

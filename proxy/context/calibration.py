@@ -24,12 +24,12 @@ class Calibration:
         self.start = start  # the ratio assumed before anything is learned (> 1: a margin for a foreign tokenizer)
         self.ratios: OrderedDict[str, float] = OrderedDict()
 
-    def ratio(self, model: str) -> float:
-        return self.ratios.get(model, self.start)
+    def ratio(self, model: str, start: float | None = None) -> float:
+        return self.ratios.get(model, self.start if start is None else start)
 
-    def correction(self, model: str, floor: float = 0.0) -> float:
-        """The model's learned ratio, never below what a retry taught the session (`floor`)."""
-        return max(self.ratio(model), floor)
+    def correction(self, model: str, floor: float = 0.0, start: float | None = None) -> float:
+        """The model's learned ratio (`start` until one is learned), never below what a retry taught (`floor`)."""
+        return max(self.ratio(model, start), floor)
 
     def learn(self, model: str, prompt_tokens: int, estimate: float) -> None:
         observed = observed_ratio(prompt_tokens, estimate)

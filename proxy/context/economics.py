@@ -51,9 +51,10 @@ def expected_turns_to_come(turns_so_far: int) -> float:
     return TURNS_TO_COME * max(0, turns_so_far)
 
 
-def epoch_cost(discount: float, tokens_after: int, first_changed: int, freed: int) -> float:
-    """Extra billed tokens this turn: the rewritten tail at full price, less the freed tokens' cached price."""
-    return (1.0 - discount) * max(0, tokens_after - first_changed) - discount * freed
+def epoch_cost(discount: float, tokens_after: int, first_changed: int, freed: int, write: float = 1.0) -> float:
+    """Extra billed tokens this turn: the rewritten tail at the write price `write` (Anthropic: 1.25, 2 for 1 h;
+    else 1, the input price) instead of the cached one, less the freed tokens' cached price: (w - d)(L - p) - dF."""
+    return (write - discount) * max(0, tokens_after - first_changed) - discount * freed
 
 
 def epoch_saving(discount: float, freed: int, turns_to_come: float) -> float:
@@ -61,14 +62,16 @@ def epoch_saving(discount: float, freed: int, turns_to_come: float) -> float:
     return discount * freed * turns_to_come
 
 
-def epoch_pays(*, discount: float, tokens_after: int, first_changed: int, freed: int, turns_so_far: int) -> bool:
+def epoch_pays(
+    *, discount: float, tokens_after: int, first_changed: int, freed: int, turns_so_far: int, write: float = 1.0
+) -> bool:
     """Whether an edit freeing `freed` tokens from token position `first_changed` on is worth its cache miss.
 
     With d = 1 (no caching) any edit that frees tokens pays at once.
     """
     if freed <= 0:
         return False
-    cost = epoch_cost(discount, tokens_after, first_changed, freed)
+    cost = epoch_cost(discount, tokens_after, first_changed, freed, write)
     return epoch_saving(discount, freed, expected_turns_to_come(turns_so_far)) > cost
 
 

@@ -76,10 +76,17 @@ class ModelInfo:
     output_per_mtok: float = 4.0
     # What writing a token to the prompt cache costs (Anthropic bills it; None = the input price).
     cache_write_per_mtok: float | None = None
+    # Our token count times this until the upstream's usage taught the real ratio (no tokenizer for this model).
+    estimate_margin: float = 1.0
 
     @property
     def write_price(self) -> float:
         return self.input_per_mtok if self.cache_write_per_mtok is None else self.cache_write_per_mtok
+
+    @property
+    def write_factor(self) -> float:
+        """w: the cache write price as a share of the input price (1.0 where writes cost nothing extra)."""
+        return self.write_price / self.input_per_mtok if self.input_per_mtok > 0 else 1.0
 
     @property
     def cache_discount(self) -> float:

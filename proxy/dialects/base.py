@@ -99,6 +99,10 @@ class Dialect(Protocol):
         """The body asking the upstream to report usage, and whether the client must not see that report."""
         ...
 
+    def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The body with the proxy's prompt-cache breakpoints (Anthropic's `cache_control`); else `body`."""
+        ...
+
     def usage(self, payloads: Sequence[Mapping[str, Any]]) -> Usage | None:
         """The input usage from a JSON response body, or from every SSE event payload that held usage."""
         ...

@@ -79,6 +79,9 @@ class ChatDialect:
     def with_session(self, body: dict[str, Any], session_id: str) -> dict[str, Any]:
         return body
 
+    def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body  # OpenAI caches every prefix by itself
+
     def with_usage_requested(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """A stream asks for the usage chunk; one the client did not ask for itself is dropped before it sees it."""
         if body.get("stream") is not True:

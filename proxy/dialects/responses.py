@@ -286,6 +286,9 @@ class ResponsesDialect:
         metadata = body.get("metadata")
         return header, body.get("prompt_cache_key"), metadata.get("session_id") if isinstance(metadata, dict) else None
 
+    def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body  # OpenAI caches every prefix by itself
+
     def with_session(self, body: dict[str, Any], session_id: str) -> dict[str, Any]:
         """OpenAI routes cache hits by `prompt_cache_key`: a client that sends none gets its session's id."""
         return body if body.get("prompt_cache_key") else {**body, "prompt_cache_key": session_id}

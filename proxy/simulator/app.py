@@ -12,7 +12,7 @@ import orjson
 from aiohttp import web
 
 from proxy.context.tokens import canonical_bytes
-from proxy.simulator import responses
+from proxy.simulator import messages, responses
 from proxy.simulator.answers import (
     FINGERPRINT,
     billed_usage,
@@ -164,6 +164,7 @@ def create_simulator_app(config: SimulatorConfig | None = None) -> web.Applicati
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", retrieve_model)
     app.router.add_post("/v1/embeddings", embeddings)
+    messages.add_routes(app)
     responses.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", not_found)
     return app

@@ -33,8 +33,11 @@ class SimulatorConfig:
     """
 
     models: dict[str, int] = field(
-        default_factory=lambda: {"sim-32k": 32000, "gpt-4o": 128000, "gpt-4o-mini": 128000, "gpt-5": 400000}
-    )
+        default_factory=lambda: {
+            "sim-32k": 32000, "gpt-4o": 128000, "gpt-4o-mini": 128000, "gpt-5": 400000,
+            "claude-sim-32k": 32000, "claude-": 200000,
+        }
+    )  # fmt: skip
     default_window: int = 128000  # for a model no entry names (entries match exactly or as a prefix)
     chunks: int = 16  # content deltas per streamed answer
     chunk_delay_s: float = 0.0  # pause between streamed chunks
@@ -53,6 +56,7 @@ class SimulatorConfig:
     slow_headers_s: float = 0.5
     fault_after_chunks: int = 2  # mid-stream faults strike after this many chunks
     embedding_dims: int = 16
+    claude_token_ratio: float = 1.12  # Messages: Claude's tokenizer counts this many tokens per tiktoken token
 
     def window(self, model: str) -> int:
         if model in self.models:
@@ -79,6 +83,7 @@ class SimTotals:
     refused: int = 0  # context_length_exceeded
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    written_tokens: int = 0  # Anthropic Messages: cache writes
     completion_tokens: int = 0
     disconnects: int = 0  # requests the client left before their answer ended
 
@@ -119,13 +124,14 @@ class Simulator:
             chain.append((running.digest(), total))
         return total + REPLY_PRIMING, chain
 
-    def cached_tokens(self, key: str, chain: list[tuple[bytes, int]]) -> int:
-        """The longest prefix an earlier request of this key shared, in OpenAI's cache steps."""
+    def cached_tokens(self, key: str, chain: list[tuple[bytes, int]], granularity: int | None = None) -> int:
+        """The longest prefix an earlier request of this key shared, in OpenAI's cache steps (or `granularity`)."""
         seen = self._cache.get(key)
         longest = next((tokens for digest, tokens in reversed(chain) if seen and digest in seen), 0)
         if longest < self.config.cache_min_tokens:
             return 0
-        return longest // self.config.cache_granularity * self.config.cache_granularity
+        step = granularity or self.config.cache_granularity
+        return longest // step * step
 
     def remember(self, key: str, chain: list[tuple[bytes, int]]) -> None:
         seen = self._cache.pop(key, None) or OrderedDict()

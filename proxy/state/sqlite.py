@@ -68,6 +68,8 @@ class SqliteStore(SessionStore):
         self._closed = False
         self._problem: str | None = None
         self._db, self._ready = _open(self.path)
+        if not self._ready:
+            self._failed(f"state file {self.path} is locked by another process; its writes are queued")
         self._preload()
         self._writer = threading.Thread(target=self._write_loop, name="state-writer", daemon=True)
         self._writer.start()
@@ -193,6 +195,7 @@ def _open(path: str) -> tuple[sqlite3.Connection, bool]:
 
     A file another process holds locked is not: the proxy starts degraded and the writer retries.
     """
+    db = None
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_MS / 1000)
@@ -201,9 +204,8 @@ def _open(path: str) -> tuple[sqlite3.Connection, bool]:
         db.executescript(_SCHEMA)
         db.execute("INSERT OR REPLACE INTO proxy_meta VALUES ('opened', datetime('now'))")
     except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):
-            log.error("state file %s is locked by another process; starting degraded", path)
-            return sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=0.2), False
+        if db is not None and ("locked" in str(exc) or "busy" in str(exc)):
+            return db, False
         raise ConfigError(f"[state] path {path}: cannot write the session store there: {exc}") from exc
     except (OSError, sqlite3.Error) as exc:
         raise ConfigError(f"[state] path {path}: cannot use it as the session store: {exc}") from exc

@@ -54,11 +54,13 @@ class Clearing:
             return None
         total = draft.total(counts)
         turns = sum(1 for m in draft.messages if m.get("role") == "assistant")
-        d = draft.model.cache_discount
+        d, w = draft.model.cache_discount, draft.model.write_factor
 
         def pays(freed: int, first: int) -> bool:
             after = total - freed
-            return epoch_pays(discount=d, tokens_after=after, first_changed=first, freed=freed, turns_so_far=turns)
+            return epoch_pays(
+                discount=d, tokens_after=after, first_changed=first, freed=freed, turns_so_far=turns, write=w
+            )
 
         def position(j: int) -> int:
             """The token position where output message `j` starts (the tools schema comes first)."""

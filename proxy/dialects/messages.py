@@ -1,0 +1,273 @@
+"""Anthropic Messages (`POST /v1/messages`): blocks mapped to engine messages and back.
+
+- `system` (string or blocks) is one engine message the engine never edits.
+- A user message with N `tool_result` blocks is N engine `tool` messages (clearing, dedup and
+  cuts target them; is_error results read as errors, so short ones stay) plus one `user` message
+  for its other blocks; rendering regroups them into one message, blocks in their order.
+- An assistant message is one engine message: its `tool_use` blocks are its tool calls, so a
+  call and its results go or stay together. One holding thinking, redacted thinking or a block
+  type this adapter does not know is opaque: never edited, dropped only whole.
+- A message the engine left alone goes as the client sent it, unknown fields and all.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from proxy.context.messages import content_text
+from proxy.dialects.base import Conversation, Message, Usage, group_digest, opaque, whole_count
+from proxy.dialects.breakpoints import with_breakpoints
+from proxy.errors import InvalidRequest
+from proxy.stream_ends import anthropic_error_body
+
+SYSTEM = -1  # the group of the engine message made from `system`
+TOOL_RESULT, TOOL_USE = "tool_result", "tool_use"
+_PLAIN = frozenset({"text", "image", TOOL_USE})  # block types an assistant or user text message may hold editably
+_TOO_LONG = re.compile(r"prompt is too long: (\d+) tokens")
+_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+}  # fmt: skip
+
+
+def _blocks(content: Any) -> list[Any]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _text(blocks: Sequence[Any]) -> str:
+    """What a run of blocks is counted by: text as it is, an image as a marker, anything else as its JSON."""
+    out = []
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "text":
+            out.append(str(block.get("text", "")))
+        elif kind == "thinking":
+            out.append(str(block.get("thinking", "")))
+        elif kind == TOOL_RESULT:
+            content = block.get("content")
+            out.append(_text(_blocks(content)) if isinstance(content, str | list) else "")
+        elif kind == "image":
+            out.append("[image]")
+        elif kind != TOOL_USE:
+            out.append(orjson.dumps(block).decode())
+    return "\n".join(out)
+
+
+def _stripped(block: Any) -> Any:
+    """A block as the journal keys it: without `cache_control`, which clients move every turn."""
+    return {k: v for k, v in block.items() if k != "cache_control"} if isinstance(block, dict) else block
+
+
+def _validate(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", None, "invalid_body")
+    if not isinstance(body.get("model"), str):
+        raise InvalidRequest("model: Field required", "model")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise InvalidRequest("messages: Field required", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise InvalidRequest(f"messages.{i}.role: Input should be 'user' or 'assistant'", "messages")
+        content = message.get("content")
+        if not isinstance(content, str) and not (
+            isinstance(content, list) and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)
+        ):
+            raise InvalidRequest(f"messages.{i}.content: Input should be a valid string or list of blocks", "messages")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise InvalidRequest("system: Input should be a valid string or list of text blocks", "system")
+    return body
+
+
+def _tool_message(block: dict[str, Any]) -> Message:
+    content = block.get("content")
+    text = _text(_blocks(content)) if isinstance(content, str | list) else ""
+    if block.get("is_error") is True and not text.lstrip().lower().startswith("error"):
+        text = "Error: " + text  # the engine keeps short errors; it knows them by their words
+    return {"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": text}
+
+
+def _split_user(blocks: list[Any]) -> list[tuple[list[int], Message]]:
+    """A user message: one engine `tool` message per tool_result, then one `user` message for the rest."""
+    out: list[tuple[list[int], Message]] = []
+    rest = []
+    for j, block in enumerate(blocks):
+        if block.get("type") == TOOL_RESULT:
+            out.append(([j], _tool_message(block)))
+        else:
+            rest.append(j)
+    if rest:
+        mine = [blocks[j] for j in rest]
+        editable = all(b.get("type") in _PLAIN for b in mine) and any(b.get("type") == "text" for b in mine)
+        text = _text(mine)
+        out.append((rest, {"role": "user", "content": text if editable else opaque(text)}))
+    return out
+
+
+def _assistant(blocks: list[Any]) -> Message:
+    calls = [
+        {"id": str(b.get("id", "")), "type": "function",
+         "function": {"name": str(b.get("name", "")), "arguments": orjson.dumps(b.get("input")).decode()}}
+        for b in blocks if b.get("type") == TOOL_USE
+    ]  # fmt: skip
+    text = _text(blocks)
+    editable = all(b.get("type") in _PLAIN for b in blocks)
+    message: Message = {"role": "assistant", "content": (text or None) if editable else opaque(text)}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _edited_blocks(blocks: list[Any], indices: list[int], new: str) -> dict[int, Any]:
+    """Blocks of an edited user or assistant group: the first text block takes the new text, other text goes."""
+    out: dict[int, Any] = {}
+    texts = [j for j in indices if blocks[j].get("type") == "text"]
+    for j in indices:
+        if j not in texts:
+            out[j] = blocks[j]
+        elif j == texts[0]:
+            out[j] = {**blocks[j], "text": new}
+    return out
+
+
+def _new_text(message: Message) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else (content_text(message) or "")
+
+
+class MessagesDialect:
+    """Anthropic's Messages API."""
+
+    name = "messages"
+    upstream_path = "messages"
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"The request body is not valid JSON: {exc}.", None, "invalid_json") from exc
+        return _validate(body)
+
+    def unedited_reason(self, body: Mapping[str, Any]) -> str | None:
+        return None
+
+    def conversation(self, body: Mapping[str, Any], digests: list[bytes] | None = None) -> Conversation:
+        messages: list[Message] = []
+        groups: list[tuple[int, list[int]]] = []
+        keys: list[bytes] = []
+        system = body.get("system")
+        if system:
+            messages.append({"role": "system", "content": opaque(_text(_blocks(system)))})
+            groups.append((SYSTEM, []))
+            keys.append(group_digest(["system", [_stripped(b) for b in _blocks(system)]]))
+        for i, message in enumerate(body["messages"]):
+            blocks = _blocks(message["content"])
+            role = message["role"]
+            parts = _split_user(blocks) if role == "user" else [(list(range(len(blocks))), _assistant(blocks))]
+            for indices, engine in parts:
+                messages.append(engine)
+                groups.append((i, indices))
+                keys.append(group_digest([role, engine["role"], [_stripped(blocks[j]) for j in indices]]))
+        return Conversation(
+            messages=messages,
+            digests=keys,
+            tools=body.get("tools"),
+            max_output_tokens=whole_count(body.get("max_tokens")),
+            model=str(body.get("model") or ""),
+            groups=groups,
+        )
+
+    def render(
+        self, body: Mapping[str, Any], conversation: Conversation, out: Sequence[Message], sources: Sequence[int]
+    ) -> dict[str, Any]:
+        originals = body["messages"]
+        rendered: dict[int, dict[int, Any]] = {}  # message index -> block index -> block
+        touched: set[int] = set()
+        order: list[int | dict[str, Any]] = []  # message indices in output order, or inserted messages
+        for message, source in zip(out, sources, strict=True):
+            if source < 0:
+                order.append({"role": "user", "content": [{"type": "text", "text": _new_text(message)}]})
+                continue
+            i, indices = conversation.groups[source]
+            if i == SYSTEM:
+                continue
+            if i not in rendered:
+                rendered[i] = {}
+                order.append(i)
+            blocks = _blocks(originals[i]["content"])
+            if message is conversation.messages[source]:
+                rendered[i].update((j, blocks[j]) for j in indices)
+                continue
+            touched.add(i)
+            if message.get("role") == "tool":
+                rendered[i][indices[0]] = {**blocks[indices[0]], "content": _new_text(message)}
+            else:
+                rendered[i].update(_edited_blocks(blocks, indices, _new_text(message)))
+        counts: dict[int, int] = {}
+        for engine_index in range(len(conversation.groups)):
+            i = conversation.groups[engine_index][0]
+            counts[i] = counts.get(i, 0) + len(conversation.groups[engine_index][1])
+        result: list[dict[str, Any]] = []
+        for item in order:
+            if isinstance(item, dict):
+                result.append(item)  # its own user message: the API joins consecutive user messages
+                continue
+            blocks = rendered[item]
+            if item not in touched and len(blocks) == counts[item]:
+                result.append(originals[item])  # as the client sent it
+            elif blocks:
+                result.append({**originals[item], "content": [blocks[j] for j in sorted(blocks)]})
+        return {**body, "messages": result}
+
+    def session_hints(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> Sequence[Any]:
+        metadata = body.get("metadata")
+        return (
+            headers.get("x-claude-code-session-id"),
+            metadata.get("user_id") if isinstance(metadata, dict) else None,
+        )
+
+    def with_usage_requested(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        return body, False  # every Messages answer reports usage
+
+    def with_session(self, body: dict[str, Any], session_id: str) -> dict[str, Any]:
+        return body  # Anthropic's cache is addressed by breakpoints, not by a key
+
+    def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
+        return with_breakpoints(body)
+
+    def usage(self, payloads: Sequence[Mapping[str, Any]]) -> Usage | None:
+        """`message_start` then `message_delta` (the later, when it has the input counts, wins), or the JSON body."""
+        found: Usage | None = None
+        for payload in payloads:
+            message = payload.get("message")
+            usage = (message if isinstance(message, dict) else payload).get("usage")
+            if not isinstance(usage, dict) or whole_count(usage.get("input_tokens")) is None:
+                continue
+            read = whole_count(usage.get("cache_read_input_tokens")) or 0
+            written = whole_count(usage.get("cache_creation_input_tokens")) or 0
+            found = Usage(usage["input_tokens"] + read + written, read, written)
+        return found
+
+    def stream_undecided(self, head: bytes) -> bool:
+        return False  # Messages refuses with a 400 before any stream begins
+
+    def overflow_tokens(self, status: int, body: bytes) -> int | None:
+        if status != 400:
+            return None
+        try:
+            error = orjson.loads(body).get("error") or {}
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        match = _TOO_LONG.search(str(error.get("message", ""))) if isinstance(error, dict) else None
+        return int(match.group(1)) if match else None
+
+    def error_body(self, message: str, status: int, code: str | None, param: str | None) -> bytes:
+        return anthropic_error_body(message, _ERROR_TYPES.get(status, "api_error"))
+
+
+MESSAGES = MessagesDialect()
