@@ -238,3 +238,36 @@ async def reused_messages(root: str) -> float:
         text = await response.text()
     lines = text.splitlines()
     return sum(float(line.split()[-1]) for line in lines if line.startswith("context_proxy_messages_reused_total"))
+
+
+async def test_recall_misses_and_reruns_of_cleared_calls_show_per_session_and_per_policy(
+    replays: dict[str, Replay], proxy_url: tuple[str, Any]
+) -> None:
+    root, _ = proxy_url
+    name = "mini_django-11138.tools.json"
+    run = replays[name]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{root}/sessions/trace-{name}") as response:
+            session = await response.json()
+        async with http.get(f"{root}/metrics") as response:
+            metrics = await response.text()
+
+    # The agent re-ran calls whose outputs the proxy had cleared: their arguments were in the upstream request.
+    reruns = session["cleared_reruns"]
+    assert reruns >= 1 and sum(t["reruns"] for t in session["turn_details"]) <= reruns
+    assert session["recall_misses"] >= 1
+    cleared_turns = [
+        k for k, upstream in enumerate(run.upstream) if any(m.get("content") == PLACEHOLDER for m in upstream)
+    ]
+    assert cleared_turns and session["turn_details"][-1]["turn"] == trace_turns(name)
+
+    def total(metric: str) -> float:
+        prefix = f'{metric}{{policy="default"}} '
+        return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
+
+    assert total("context_proxy_recall_misses_total") >= session["recall_misses"]
+    assert total("context_proxy_cleared_reruns_total") >= reruns
+
+
+def trace_turns(name: str) -> int:
+    return load_trace(name).turns

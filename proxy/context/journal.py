@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.context.diff import ContextBlock, ContextDiff
+from proxy.context.recall import RecallIndex
 
 KEEP, CLEARED, CUT, DEDUPED, DROPPED = "keep", "cleared", "cut", "deduped", "dropped"
 DIGEST_SIZE = 16
@@ -72,6 +73,8 @@ class TurnReport:
     deduped: int = 0
     diff: ContextDiff = field(default_factory=ContextDiff)
     first_changed: int | None = None  # output index of the first message an epoch changed
+    recall_missed: int = 0  # tokens the agent's newest message used that only removed content held
+    reruns: int = 0  # calls in it whose output the proxy had cleared
 
     def headers(self) -> dict[str, str]:
         return {
@@ -105,6 +108,8 @@ _REPORT_FIELDS = (
     "cut",
     "deduped",
     "first_changed",
+    "recall_missed",
+    "reruns",
 )
 
 
@@ -125,6 +130,7 @@ class Journal:
     # The clearing bound (tokens) at which the last plan did not pay: planning re-measures every
     # output, so no new plan is made until the bound has grown by `clear_at_least` (0 = none).
     unpaid_bound: int = 0
+    recall: RecallIndex = field(default_factory=RecallIndex)  # what was removed, for live recall misses
 
     def __len__(self) -> int:
         return len(self.digests)
@@ -143,6 +149,7 @@ class Journal:
             turn=self.turn,
             epochs=self.epochs,
             unpaid_bound=self.unpaid_bound,
+            recall=self.recall.copy(),
         )
 
     def align(self, digests: Sequence[bytes]) -> int:
@@ -197,6 +204,7 @@ class Journal:
             "turn": self.turn,
             "epochs": self.epochs,
             "unpaid_bound": self.unpaid_bound,
+            "recall": self.recall.to_dict(),
         }
 
     @classmethod
@@ -214,4 +222,5 @@ class Journal:
             turn=int(data.get("turn", 0)),
             epochs=int(data.get("epochs", 0)),
             unpaid_bound=int(data.get("unpaid_bound", 0)),
+            recall=RecallIndex.from_dict(data.get("recall", {})),
         )

@@ -19,6 +19,7 @@ from proxy.context.draft import Draft
 from proxy.context.inject import inject_capsules
 from proxy.context.journal import Journal, TurnReport
 from proxy.context.messages import Message, is_tool_output, message_digest
+from proxy.context.misses import index_removed, observe_newest
 from proxy.context.patterns import compile_patterns
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import CutCache, Dedup, Epoch, steps
@@ -99,12 +100,15 @@ def process(
     deduped = _record(draft, digests)
     out, counts = draft.render()
     report = TurnReport(turn=state.turn + 1, tokens_before=draft.total(state.tokens), tokens_after=0, deduped=deduped)
+    report.recall_missed, report.reruns = observe_newest(draft, out)
     epoch = _epoch_needed(draft, out, counts)
     if epoch is not None:
         report.epoch, report.reasons = True, epoch.reasons
         state.unpaid_bound = 0
+        before = list(state.decisions)
         for step in edits:
             step.edit(draft, epoch, report)
+        index_removed(draft, before)
         new_out, counts = draft.render()
         report.first_changed = _first_difference(out, new_out)
         out = new_out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,10 +166,11 @@ def _hash(token: str) -> int:
 
 @dataclass
 class RecallIndex:
-    """Per session: hashes of the specific tokens only removed content held, of the calls whose output was
-    cleared, and how often the agent's newest message used either (a recall miss; a re-run).
+    """Per session (in the journal): hashes of the specific tokens of content the proxy removed, and of the calls
+    whose output it cleared; how many turns the agent's newest message used what only removed content held
+    (recall misses) and how many calls it re-ran after their output was cleared.
 
-    Indexed when content is removed, so a turn costs work in proportion to the agent's newest message.
+    Filled when content is removed, so a turn costs work in proportion to the agent's newest message.
     """
 
     removed: set[int] = field(default_factory=set)
@@ -180,32 +181,32 @@ class RecallIndex:
     def copy(self) -> RecallIndex:
         return RecallIndex(set(self.removed), set(self.cleared_calls), self.misses, self.reruns)
 
-    def index_removed(self, removed: Iterable[Message], calls: Iterable[str], kept: frozenset[str]) -> None:
-        """Remember what an epoch removed: its tokens not in `kept` (what is never edited), its calls."""
-        for message in removed:
+    def forget(self, messages: Sequence[Message], calls: Iterable[str], kept: frozenset[str]) -> None:
+        """Index what an epoch removed: the messages' tokens not in `kept` (what is never edited), their calls."""
+        for message in messages:
             self.removed.update(_hash(t) for t in message_tokens(message) - kept)
         self.cleared_calls.update(_hash(key) for key in calls)
 
-    def observe(self, newest: Message, present: Sequence[str]) -> tuple[int, int]:
-        """Count the newest assistant message's recall miss and re-runs; `present` is the text still sent.
+    def observe(self, newest: Message, seen: Sequence[Message]) -> tuple[int, int]:
+        """The newest assistant message's tokens used from removed content only, and its re-runs of cleared calls.
 
-        A token the index holds is checked against `present` only when it is used, and forgotten once found
-        there (new output holds it again), so the check stays rare.
+        `seen` is what the agent was sent before it wrote `newest`. An indexed token is looked for there only
+        when it is used, and dropped from the index once found (a newer output holds it again).
         """
-        misses = 0
+        missed = 0
         if self.removed:
             for token in message_tokens(newest):
                 h = _hash(token)
                 if h not in self.removed:
                     continue
-                if any(token in text for text in present):
+                if any(token in (content_text(m) or "") or token in " ".join(call_arguments(m)) for m in seen):
                     self.removed.discard(h)
                 else:
-                    misses = 1
-        reruns = sum(_hash(key) in self.cleared_calls for key in call_keys(newest))
-        self.misses += misses
+                    missed += 1
+        reruns = sum(_hash(key) in self.cleared_calls for key in call_keys(newest)) if self.cleared_calls else 0
+        self.misses += missed > 0
         self.reruns += reruns
-        return misses, reruns
+        return missed, reruns
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -216,7 +217,7 @@ class RecallIndex:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RecallIndex:
+    def from_dict(cls, data: Mapping[str, Any]) -> RecallIndex:
         return cls(
             {int(h) for h in data.get("removed", ())},
             {int(h) for h in data.get("cleared_calls", ())},
