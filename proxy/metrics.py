@@ -58,10 +58,6 @@ class _Metric:
         self.name = name
         self.help = help
         self.label_names = tuple(labels)
-
-    def render(self) -> list[str]:
-        """The metric's lines in the Prometheus text format."""
-        raise NotImplementedError
         self._lock = threading.Lock()
         # Every request increments several metrics: the label tuple is picked in C, not built in a loop.
         names = self.label_names
@@ -79,6 +75,10 @@ class _Metric:
 
     def header(self) -> list[str]:
         return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+
+    def render(self) -> list[str]:
+        """The metric's lines in the Prometheus text format."""
+        raise NotImplementedError
 
 
 class Counter(_Metric):
