@@ -24,10 +24,12 @@ from proxy.config import ConfigHolder, load_settings
 from proxy.context.policy import ModelInfo
 from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from proxy.traces import Trace, list_traces, load_trace, requests
+from proxy.traces_messages import messages_requests
 from proxy.traces_responses import responses_requests
 
 DEFAULT_TRACE = "mini_django-11138.tools.json"
 DEFAULT_MODEL = "sim-32k"
+DEFAULT_MODELS = {"chat": DEFAULT_MODEL, "responses": DEFAULT_MODEL, "messages": "claude-sim-32k"}
 
 
 @dataclass
@@ -57,7 +59,12 @@ class ReplayResult:
 
 
 def _bodies(trace: Trace, model: str, api: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Each request the agent sent, streamed: as chat completions, or as Codex sends Responses (`--api`)."""
+    """Each request the agent sent, streamed: as chat completions, as Codex sends Responses, or as Claude Code
+    sends Messages (`--api`)."""
+    if api == "messages":
+        for body in messages_requests(trace, model):
+            yield "messages", {**body, "stream": True}
+        return
     if api == "responses":
         for body in responses_requests(trace, model):
             yield "responses", {**body, "stream": True}
@@ -101,7 +108,10 @@ def _refused_for_window(status: int, body: bytes) -> None:
         error = orjson.loads(body).get("error") or {}
     except (orjson.JSONDecodeError, AttributeError):
         error = {}
-    if status != 400 or error.get("code") != "context_length_exceeded":
+    too_long = error.get("code") == "context_length_exceeded" or str(error.get("message")).startswith(
+        "prompt is too long"
+    )
+    if status != 400 or not too_long:
         raise RuntimeError(f"upstream answered {status}: {error.get('message') or body[:200]!r}")
 
 
@@ -116,6 +126,9 @@ async def _streamed_usage(response: aiohttp.ClientResponse) -> tuple[int, int] |
                 _refused_for_window(400, orjson.dumps(event["response"]))
                 return None
             usage = event.get("usage") or (event.get("response") or {}).get("usage") or usage
+    if "cache_read_input_tokens" in usage:  # Messages: input_tokens is only what the cache neither read nor wrote
+        read = usage["cache_read_input_tokens"] or 0
+        return usage.get("input_tokens", 0) + (usage.get("cache_creation_input_tokens") or 0) + read, read
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
     return usage.get("prompt_tokens", usage.get("input_tokens", 0)), details.get("cached_tokens") or 0
 
@@ -173,7 +186,8 @@ async def run_demo(trace_name: str, model: str, max_turns: int | None = None, ap
     sim = sim_runner.app[SIMULATOR]
     proxy_runner = None
     try:
-        holder = ConfigHolder(load_settings(upstream_url=sim_url), upstream_url=sim_url)
+        settings = load_settings(upstream_url=sim_url, anthropic_url=sim_url.removesuffix("/v1"))
+        holder = ConfigHolder(settings, upstream_url=sim_url)
         proxy_runner, port = await server.start(holder, "127.0.0.1", 0, context=build_context_service(holder))
         direct = await replay(sim_url, trace, model, "direct", max_turns, api)
         sim.reset()  # the proxied run starts with a cold prompt cache too
@@ -196,14 +210,17 @@ def main(args: list[str] | None = None) -> int:
         "--trace", default=DEFAULT_TRACE, help=f"packaged trace or trace file (default {DEFAULT_TRACE})"
     )
     parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help=f"model from the packaged proxy.toml (default {DEFAULT_MODEL})"
+        "--model",
+        default=None,
+        help=f"model from the packaged proxy.toml (default {DEFAULT_MODEL}; claude-sim-32k for --api messages)",
     )
     parser.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
     parser.add_argument(
         "--api",
-        choices=("chat", "responses"),
+        choices=("chat", "responses", "messages"),
         default="chat",
-        help="chat completions (default), or the Responses API as Codex CLI sends it (reasoning items included)",
+        help="chat completions (default), the Responses API as Codex CLI sends it (reasoning items included), or "
+        "Anthropic Messages as Claude Code sends it (signed thinking blocks, cache breakpoints; model claude-sim-32k)",
     )
     parser.add_argument("--list", action="store_true", help="list the packaged traces and exit")
     ns = parser.parse_args(args)
@@ -215,7 +232,7 @@ def main(args: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     started = time.monotonic()
-    print(asyncio.run(run_demo(ns.trace, ns.model, ns.turns, ns.api)))
+    print(asyncio.run(run_demo(ns.trace, ns.model or DEFAULT_MODELS[ns.api], ns.turns, ns.api)))
     print(f"\n(finished in {time.monotonic() - started:.1f} s)")
     return 0
 

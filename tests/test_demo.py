@@ -105,6 +105,14 @@ def test_the_demo_replays_the_responses_api_through_the_proxy(capsys):
     assert direct_failed > 0 and proxy_failed == 0
 
 
+def test_the_demo_replays_anthropic_messages_through_the_proxy(capsys):
+    assert main(["--api", "messages", "--turns", "60"]) == 0
+    out = capsys.readouterr().out
+    rows = {m[1].strip(): m[2].split() for m in re.finditer(r"^  (\S[\w ()-]+?)\s{2,}(.+)$", out, re.M)}
+    direct_failed, proxy_failed = (int(n) for n in rows["turns failed (window)"])
+    assert direct_failed > 0 and proxy_failed == 0
+
+
 def test_demo_lists_its_traces(capsys):
     assert main(["--list"]) == 0
     assert capsys.readouterr().out.split() == list_traces()
