@@ -10,6 +10,7 @@ once when the upstream still says the context is too long.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,11 +20,11 @@ from proxy.config import CapsuleSpec, ConfigHolder
 from proxy.context.calibration import Calibration, refit_correction
 from proxy.context.capsules import Capsule
 from proxy.context.economics import input_cost_usd
-from proxy.context.journal import Journal
+from proxy.context.journal import Journal, TurnReport
 from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import CutCache
-from proxy.dialects import CHAT, Conversation, Dialect
+from proxy.dialects import CHAT, Conversation, Dialect, Usage
 from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
 from proxy.seam import PassthroughTurn
@@ -32,6 +33,9 @@ from proxy.state import SessionStore, store_from_config
 from proxy.tokens import TokenCounter, counter_for
 
 _POLICY = ("policy",)
+log = logging.getLogger("proxy.service")
+
+MAX_FALLBACK_WARNINGS = 256  # model names come from clients: warned about once each, up to this many
 TOKENS_BEFORE = METRICS.counter(
     "context_proxy_tokens_before_total", "Prompt tokens the clients sent (estimated)", _POLICY
 )
@@ -120,6 +124,7 @@ class EngineTurn:
         self.headers: dict[str, str] = {}
         self.strip_usage_chunk = False
         self.unchanged = False
+        self.untouched = False
         self.stats = TurnStats()
         self.outcome: Outcome | None = None
         self.correction = 1.0
@@ -145,7 +150,9 @@ class EngineTurn:
         self.session.journal = outcome.journal
         conversation = self.inputs.conversation
         engine_in, out = conversation.messages, outcome.messages
-        self.unchanged = len(out) == len(engine_in) and all(a is b for a, b in zip(out, engine_in, strict=True))
+        # The conversation goes upstream as the client sent it: a direct request would have been billed the same.
+        self.untouched = len(out) == len(engine_in) and all(a is b for a, b in zip(out, engine_in, strict=True))
+        self.unchanged = self.untouched
         body = self.client_body
         if not self.unchanged:
             body = self.dialect.render(body, conversation, out, outcome.sources)
@@ -155,9 +162,11 @@ class EngineTurn:
             body = self.dialect.with_cache_breakpoints(body)
         self.body, self.strip_usage_chunk = self.dialect.with_usage_requested(body)
         self.unchanged = self.unchanged and self.body is self.client_body
-        self.headers = dict(outcome.report.headers())
+        model = self.inputs.model
+        self.headers = {**outcome.report.headers(), "X-Context-Window": str(model.context_window)}
         self.stats.report = outcome.report
         self.stats.model = self.inputs.conversation.model
+        self.stats.window, self.stats.model_entry = model.context_window, model.pattern
         self.stats.retried = retried
         self.store.save(self.session)
 
@@ -165,14 +174,9 @@ class EngineTurn:
         usage = self.dialect.usage(payloads)
         if usage is None or self.outcome is None or self.stats.prompt_tokens is not None:
             return
-        report, model = self.outcome.report, self.inputs.model
+        model = self.inputs.model
         self.calibration.learn(self.inputs.conversation.model, usage.prompt, self.estimate)
-        # The unedited request, scaled by the same upstream/estimate ratio; its cache would have held
-        # the previous turn's unedited prompt (a client that only appends never breaks its own prefix).
-        scale = usage.prompt / report.tokens_after if report.tokens_after else 1.0
-        direct_prompt = round(report.tokens_before * scale)
-        caching = model.cache_discount < 1
-        direct_cached = min(self.session.direct_prompt_tokens, direct_prompt) if caching else 0
+        direct_prompt, direct_cached = self._direct_usage(usage, self.outcome.report)
         self.session.direct_prompt_tokens = direct_prompt
         stats = self.stats
         stats.prompt_tokens, stats.cached_tokens = usage.prompt, usage.cached
@@ -187,6 +191,19 @@ class EngineTurn:
         COST.inc(stats.direct_cost_usd, policy=policy, route="direct")
         SAVED.inc(stats.direct_cost_usd - stats.cost_usd, policy=policy)
         self.store.save(self.session)
+
+    def _direct_usage(self, usage: Usage, report: TurnReport) -> tuple[int, int]:
+        """(prompt, cached) tokens the same turn would have been billed sent unedited, straight to the upstream."""
+        if self.untouched:  # it was sent unedited: the same bill, so a session left alone never reads as a loss
+            return usage.prompt, usage.cached
+        # The unedited request, scaled by the same upstream/estimate ratio; its cache would have held
+        # the previous turn's unedited prompt (a client that only appends never breaks its own prefix) ...
+        scale = usage.prompt / report.tokens_after if report.tokens_after else 1.0
+        direct_prompt = round(report.tokens_before * scale)
+        # ... if the upstream's cache was warm at all: no hit on a turn whose prefix we did not change means
+        # a cold cache (first turn, expiry, a prompt under its minimum), which direct would have met too.
+        warm = self.inputs.model.cache_discount < 1 and (usage.cached > 0 or report.epoch)
+        return direct_prompt, min(self.session.direct_prompt_tokens, direct_prompt) if warm else 0
 
     async def commit(self) -> None:
         """Write the turn to the session store: before it is sent (a shared store may re-run it), and its usage."""
@@ -232,6 +249,7 @@ class EngineService:
         self.calibration = Calibration()
         self.cuts = CutCache()
         self.bodies = BodyMemos(holder.settings.state.body_memo_bytes)
+        self._fallback_warned: set[str] = set()
 
     @property
     def ratios(self) -> Mapping[str, float]:
@@ -269,6 +287,8 @@ class EngineService:
         session_id = session_id_for(path_session, headers, hints, credential, conversation)
         policy, specs = settings.policy_for(session_id)
         model = settings.model(conversation.model)
+        if model.pattern == "*":
+            self._warn_fallback(conversation.model, model)
         inputs = _Inputs(
             dialect=dialect,
             conversation=conversation,
@@ -293,6 +313,17 @@ class EngineService:
             turn.apply(outcome, correction)
         self._record_metrics(policy.name, outcome)
         return turn
+
+    def _warn_fallback(self, name: str, model: ModelInfo) -> None:
+        """Once per model name: no model-table entry but `*` matched, so its window is a guess."""
+        if name in self._fallback_warned or len(self._fallback_warned) >= MAX_FALLBACK_WARNINGS:
+            return
+        self._fallback_warned.add(name)
+        log.warning(
+            'model %r matches no [models] entry but "*": assuming a %d-token window; add an entry to say otherwise',
+            name[:100],
+            model.context_window,
+        )
 
     def _record_unedited(self, key: str, dialect: Dialect, body: Mapping[str, Any], reason: str) -> None:
         """A turn whose history the upstream holds: shown in /sessions as forwarded unedited."""

@@ -108,6 +108,8 @@ class TurnStats:
 
     report: TurnReport | None = None  # kept as the engine's object: half the memory of its dict form
     model: str = ""
+    window: int | None = None  # the context window the proxy used for this turn ...
+    model_entry: str = ""  # ... from this entry of the model table (a glob; "*" = the fallback)
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     cost_usd: float | None = None
@@ -122,6 +124,8 @@ class TurnStats:
             "api": self.api,
             "unedited": self.unedited,
             "model": self.model,
+            "window": self.window,
+            "model_entry": self.model_entry,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "cost_usd": self.cost_usd,
@@ -132,7 +136,7 @@ class TurnStats:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TurnStats:
         data = dict(data)
-        names = ("model", "prompt_tokens", "cached_tokens", "retried", "api", "unedited")
+        names = ("model", "window", "model_entry", "prompt_tokens", "cached_tokens", "retried", "api", "unedited")
         fields = {k: data.pop(k) for k in names if k in data}
         costs = {k: data.pop(k) for k in ("cost_usd", "direct_cost_usd") if k in data}
         report = TurnReport.from_dict(data) if "turn" in data else None

@@ -102,3 +102,55 @@ async def test_metrics_have_one_prefix_counters_at_zero_and_process_metrics(tmp_
     for zero in ("context_proxy_engine_errors_total 0", "context_proxy_messages_reused_total 0"):
         assert zero in text.splitlines()
     assert any(line.startswith("process_resident_memory_bytes ") for line in text.splitlines())
+
+
+@pytest.fixture
+async def packaged_proxy():
+    """The simulator and a proxy running the packaged config (its model table), as `context-proxy serve` would."""
+    from proxy import server
+    from proxy.config import ConfigHolder, load_settings
+    from proxy.service import build_context_service
+
+    sim_runner, sim_url = await start_simulator()
+    holder = ConfigHolder(load_settings(upstream_url=sim_url), upstream_url=sim_url)
+    runner, port = await server.start(holder, "127.0.0.1", 0, context=build_context_service(holder))
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+    await sim_runner.cleanup()
+
+
+async def session_report(root: str, session: str) -> dict:
+    async with aiohttp.ClientSession() as http, http.get(f"{root}/sessions/{session}") as response:
+        return await response.json()
+
+
+async def test_every_answer_says_the_window_used_and_the_sessions_view_its_model_entry(packaged_proxy, caplog):
+    caplog.set_level("WARNING", logger="proxy.service")
+    sdk = client(f"{packaged_proxy}/s/window-check/v1")
+    known = await sdk.chat.completions.with_raw_response.create(model="gpt-4o-2024-08-06", messages=MESSAGES)
+    assert known.headers["X-Context-Window"] == "128000"
+    for _ in range(2):
+        guessed = await sdk.chat.completions.with_raw_response.create(model="my-local-llm", messages=MESSAGES)
+        assert guessed.headers["X-Context-Window"] == "128000"
+    turns = (await session_report(packaged_proxy, "window-check"))["turn_details"]
+    assert [(t["model"], t["window"], t["model_entry"]) for t in turns] == [
+        ("gpt-4o-2024-08-06", 128000, "gpt-4o*"),
+        ("my-local-llm", 128000, "*"),
+        ("my-local-llm", 128000, "*"),
+    ]
+    warnings = [r.getMessage() for r in caplog.records if "my-local-llm" in r.getMessage()]
+    assert len(warnings) == 1 and "assuming a 128000-token window" in warnings[0]
+    assert not [r for r in caplog.records if "gpt-4o" in r.getMessage()]
+
+
+async def test_a_session_the_proxy_left_alone_never_reads_as_a_loss(packaged_proxy):
+    """Short turns: the upstream caches nothing (under 1,024 tokens), so neither would a direct request."""
+    sdk = client(f"{packaged_proxy}/s/left-alone/v1")
+    history = [{"role": "system", "content": "You are terse."}]
+    for turn in range(4):
+        history.append({"role": "user", "content": f"Question {turn}: what is {turn} + {turn}?"})
+        answer = await sdk.chat.completions.create(model="gpt-4o", messages=history)
+        history.append({"role": "assistant", "content": answer.choices[0].message.content})
+    report = await session_report(packaged_proxy, "left-alone")
+    assert report["saved_usd"] == 0 and report["cost_usd"] > 0
+    assert all(t["cost_usd"] == t["direct_cost_usd"] for t in report["turn_details"])
