@@ -1,5 +1,5 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|long-event`
-`|bodies|state [-n N] [--ref REV] [--json FILE]`.
+`|bodies|state|slow-clients [-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -92,6 +92,12 @@ def _bodies(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return asyncio.run(bodies.run_bodies(concurrent=ns.n or 8)), bodies.render
 
 
+def _slow_clients(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import slow_clients
+
+    return slow_clients.run_slow_clients(), slow_clients.render
+
+
 def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import quality
 
@@ -118,6 +124,7 @@ COMMANDS: dict[str, Runner] = {
     "quality": _quality,
     "long-event": _long_event,
     "bodies": _bodies,
+    "slow-clients": _slow_clients,
     "state": _state,
 }
 

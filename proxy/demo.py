@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +24,12 @@ from proxy.config import ConfigHolder, load_settings
 from proxy.context.policy import ModelInfo
 from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from proxy.traces import Trace, list_traces, load_trace, requests
+from proxy.traces_messages import messages_requests
+from proxy.traces_responses import responses_requests
 
 DEFAULT_TRACE = "mini_django-11138.tools.json"
 DEFAULT_MODEL = "sim-32k"
+DEFAULT_MODELS = {"chat": DEFAULT_MODEL, "responses": DEFAULT_MODEL, "messages": "claude-sim-32k"}
 
 
 @dataclass
@@ -54,28 +58,47 @@ class ReplayResult:
         return ((prompt - cached) * model.input_per_mtok + cached * model.cached_input_per_mtok) / 1e6
 
 
-async def replay(base_url: str, trace: Trace, model: str, label: str, max_turns: int | None = None) -> ReplayResult:
+def _bodies(trace: Trace, model: str, api: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each request the agent sent, streamed: as chat completions, as Codex sends Responses, or as Claude Code
+    sends Messages (`--api`)."""
+    if api == "messages":
+        for body in messages_requests(trace, model):
+            yield "messages", {**body, "stream": True}
+        return
+    if api == "responses":
+        for body in responses_requests(trace, model):
+            yield "responses", {**body, "stream": True}
+        return
+    extra: dict[str, Any] = {"tools": trace.tools} if trace.tools else {}
+    for messages, _answer in requests(trace):
+        body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+        yield "chat/completions", {**body, **extra}
+
+
+async def replay(
+    base_url: str, trace: Trace, model: str, label: str, max_turns: int | None = None, api: str = "chat"
+) -> ReplayResult:
     """Send each of the trace's requests as the agent did (streamed, usage requested) and tally the outcome."""
     result = ReplayResult(label)
-    extra: dict[str, Any] = {"tools": trace.tools} if trace.tools else {}
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout, headers={"Authorization": "Bearer demo"}) as http:
-        for turn, (messages, _answer) in enumerate(requests(trace), start=1):
+        for turn, (path, body) in enumerate(_bodies(trace, model, api), start=1):
             if max_turns is not None and turn > max_turns:
                 break
             result.turns += 1
-            body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
-            async with http.post(f"{base_url}/chat/completions", data=orjson.dumps({**body, **extra})) as response:
+            async with http.post(f"{base_url}/{path}", data=orjson.dumps(body)) as response:
+                usage = None
                 if response.status != 200:
                     _refused_for_window(response.status, await response.read())
+                else:
+                    result.last_headers = {
+                        _title(k): v for k, v in response.headers.items() if k.lower().startswith("x-context-")
+                    }
+                    usage = await _streamed_usage(response)
+                if usage is None:
                     result.failed += 1
                     result.first_failure = result.first_failure or turn
-                    result.usage.append(None)
-                    continue
-                result.last_headers = {
-                    _title(k): v for k, v in response.headers.items() if k.lower().startswith("x-context-")
-                }
-                result.usage.append(await _streamed_usage(response))
+                result.usage.append(usage)
     return result
 
 
@@ -85,18 +108,29 @@ def _refused_for_window(status: int, body: bytes) -> None:
         error = orjson.loads(body).get("error") or {}
     except (orjson.JSONDecodeError, AttributeError):
         error = {}
-    if status != 400 or error.get("code") != "context_length_exceeded":
+    too_long = error.get("code") == "context_length_exceeded" or str(error.get("message")).startswith(
+        "prompt is too long"
+    )
+    if status != 400 or not too_long:
         raise RuntimeError(f"upstream answered {status}: {error.get('message') or body[:200]!r}")
 
 
-async def _streamed_usage(response: aiohttp.ClientResponse) -> tuple[int, int]:
-    """(prompt, cached) tokens from the stream's usage chunk; (0, 0) if it sent none."""
+async def _streamed_usage(response: aiohttp.ClientResponse) -> tuple[int, int] | None:
+    """(prompt, cached) tokens from the stream's usage (chat's usage chunk, Responses' `response.completed`);
+    (0, 0) if it sent none; None when a Responses stream was refused for length (`response.failed`)."""
     usage: dict[str, Any] = {}
     async for line in response.content:
         if line.startswith(b"data: {"):
-            usage = orjson.loads(line[6:]).get("usage") or usage
-    details = usage.get("prompt_tokens_details") or {}
-    return usage.get("prompt_tokens", 0), details.get("cached_tokens") or 0
+            event = orjson.loads(line[6:])
+            if event.get("type") == "response.failed":
+                _refused_for_window(400, orjson.dumps(event["response"]))
+                return None
+            usage = event.get("usage") or (event.get("response") or {}).get("usage") or usage
+    if "cache_read_input_tokens" in usage:  # Messages: input_tokens is only what the cache neither read nor wrote
+        read = usage["cache_read_input_tokens"] or 0
+        return usage.get("input_tokens", 0) + (usage.get("cache_creation_input_tokens") or 0) + read, read
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    return usage.get("prompt_tokens", usage.get("input_tokens", 0)), details.get("cached_tokens") or 0
 
 
 def _title(header: str) -> str:
@@ -141,7 +175,7 @@ def render(trace: Trace, model: str, info: ModelInfo, results: list[ReplayResult
     return "\n".join(lines)
 
 
-async def run_demo(trace_name: str, model: str, max_turns: int | None = None) -> str:
+async def run_demo(trace_name: str, model: str, max_turns: int | None = None, api: str = "chat") -> str:
     """Start the simulator and the proxy, replay the trace direct and through the proxy; return the table."""
     from proxy import server  # imported late: `--help` and `--list` need neither the shell nor the engine
     from proxy.service import build_context_service
@@ -152,12 +186,13 @@ async def run_demo(trace_name: str, model: str, max_turns: int | None = None) ->
     sim = sim_runner.app[SIMULATOR]
     proxy_runner = None
     try:
-        holder = ConfigHolder(load_settings(upstream_url=sim_url), upstream_url=sim_url)
+        settings = load_settings(upstream_url=sim_url, anthropic_url=sim_url.removesuffix("/v1"))
+        holder = ConfigHolder(settings, upstream_url=sim_url)
         proxy_runner, port = await server.start(holder, "127.0.0.1", 0, context=build_context_service(holder))
-        direct = await replay(sim_url, trace, model, "direct", max_turns)
+        direct = await replay(sim_url, trace, model, "direct", max_turns, api)
         sim.reset()  # the proxied run starts with a cold prompt cache too
         session = f"http://127.0.0.1:{port}/s/demo-{int(time.time())}/v1"
-        proxied = await replay(session, trace, model, "via proxy", max_turns)
+        proxied = await replay(session, trace, model, "via proxy", max_turns, api)
     finally:
         if proxy_runner is not None:
             await proxy_runner.cleanup()
@@ -175,9 +210,18 @@ def main(args: list[str] | None = None) -> int:
         "--trace", default=DEFAULT_TRACE, help=f"packaged trace or trace file (default {DEFAULT_TRACE})"
     )
     parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help=f"model from the packaged proxy.toml (default {DEFAULT_MODEL})"
+        "--model",
+        default=None,
+        help=f"model from the packaged proxy.toml (default {DEFAULT_MODEL}; claude-sim-32k for --api messages)",
     )
     parser.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
+    parser.add_argument(
+        "--api",
+        choices=("chat", "responses", "messages"),
+        default="chat",
+        help="chat completions (default), the Responses API as Codex CLI sends it (reasoning items included), or "
+        "Anthropic Messages as Claude Code sends it (signed thinking blocks, cache breakpoints; model claude-sim-32k)",
+    )
     parser.add_argument("--list", action="store_true", help="list the packaged traces and exit")
     ns = parser.parse_args(args)
     if ns.list:
@@ -188,7 +232,7 @@ def main(args: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     started = time.monotonic()
-    print(asyncio.run(run_demo(ns.trace, ns.model, ns.turns)))
+    print(asyncio.run(run_demo(ns.trace, ns.model or DEFAULT_MODELS[ns.api], ns.turns, ns.api)))
     print(f"\n(finished in {time.monotonic() - started:.1f} s)")
     return 0
 

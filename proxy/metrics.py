@@ -76,6 +76,10 @@ class _Metric:
     def header(self) -> list[str]:
         return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
 
+    def render(self) -> list[str]:
+        """The metric's lines in the Prometheus text format."""
+        raise NotImplementedError
+
 
 class Counter(_Metric):
     """A value that only goes up, one per label combination."""

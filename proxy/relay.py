@@ -141,7 +141,7 @@ def response_headers(upstream: aiohttp.ClientResponse, extra: Mapping[str, str],
     return headers  # type: ignore[return-value]
 
 
-def _payload_from_json(body: bytes) -> list[dict]:
+def _payload_from_json(body: bytes | bytearray) -> list[dict]:
     """The response body as the one payload usage is read from ([] when it is not a JSON object)."""
     try:
         payload = orjson.loads(body)

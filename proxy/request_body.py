@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.errors import BodyTooLarge, ProxyError
+from proxy.errors import BodyTooLarge, ErrorShape, ProxyError
 from proxy.metrics import METRICS
 
 RETRY_AFTER_S = 1
@@ -27,12 +28,31 @@ def too_large(settings: Settings) -> BodyTooLarge:
     return BodyTooLarge(f"Request body too large: the limit is {settings.server.max_body_mb:g} MB.")
 
 
-def body_timeout(settings: Settings) -> ProxyError:
-    return ProxyError(
-        f"The request body stalled: nothing arrived for {settings.server.body_timeout_s:g} s.",
-        status=408,
-        code="request_timeout",
-    )
+class _ClosingResponse(web.Response):
+    """An answer after which the connection closes at once: aiohttp would linger 10 s more for the rest
+    of the body (so a client still sending can read an early answer), but this client has gone quiet."""
+
+    async def prepare(self, request: web.BaseRequest) -> Any:
+        self._transport = request.transport
+        return await super().prepare(request)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        await super().write_eof(data)
+        if self._transport is not None:
+            self._transport.close()
+
+
+class BodyTimeout(ProxyError):
+    status = 408
+    default_code = "request_timeout"
+
+    def response(self, shape: ErrorShape | None = None) -> web.Response:
+        answer = super().response(shape)
+        return _ClosingResponse(status=answer.status, body=answer.body, content_type="application/json")
+
+
+def body_timeout(settings: Settings) -> BodyTimeout:
+    return BodyTimeout(f"The request body stalled: nothing arrived for {settings.server.body_timeout_s:g} s.")
 
 
 class BodyBudget:

@@ -86,6 +86,33 @@ def test_the_demo_replays_through_the_proxy_and_prints_its_table(capsys):
     assert answered.endswith("(70)") and f"({70 - direct_failed})" in answered
 
 
+async def test_a_direct_responses_replay_counts_streamed_refusals_as_failed_turns():
+    runner, url = await start_simulator(SimulatorConfig(models={"sim-8k": 8000}))
+    try:
+        result = await replay(url, load_trace("marshmallow"), "sim-8k", "direct", api="responses")
+        totals = runner.app[SIMULATOR].totals
+    finally:
+        await runner.cleanup()
+    assert result.turns == 13 and 0 < result.failed == totals.refused < 13
+    assert (result.prompt_tokens, result.cached_tokens) == (totals.prompt_tokens, totals.cached_tokens)
+
+
+def test_the_demo_replays_the_responses_api_through_the_proxy(capsys):
+    assert main(["--api", "responses", "--turns", "50"]) == 0
+    out = capsys.readouterr().out
+    rows = {m[1].strip(): m[2].split() for m in re.finditer(r"^  (\S[\w ()-]+?)\s{2,}(.+)$", out, re.M)}
+    direct_failed, proxy_failed = (int(n) for n in rows["turns failed (window)"])
+    assert direct_failed > 0 and proxy_failed == 0
+
+
+def test_the_demo_replays_anthropic_messages_through_the_proxy(capsys):
+    assert main(["--api", "messages", "--turns", "60"]) == 0
+    out = capsys.readouterr().out
+    rows = {m[1].strip(): m[2].split() for m in re.finditer(r"^  (\S[\w ()-]+?)\s{2,}(.+)$", out, re.M)}
+    direct_failed, proxy_failed = (int(n) for n in rows["turns failed (window)"])
+    assert direct_failed > 0 and proxy_failed == 0
+
+
 def test_demo_lists_its_traces(capsys):
     assert main(["--list"]) == 0
     assert capsys.readouterr().out.split() == list_traces()

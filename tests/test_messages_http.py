@@ -185,6 +185,18 @@ async def test_upstream_refusals_are_relayed_in_anthropics_words(messages_rig: A
     assert invalid.value.body["type"] == "error" and invalid.value.body["error"]["type"] == "invalid_request_error"
 
 
+async def test_prompt_too_long_is_refitted_once(messages_rig: Any) -> None:
+    """Claude counts far more than our estimate: the upstream refuses, the proxy re-fits to its count and retries."""
+    rig = await messages_rig()
+    rig.sim.config.claude_token_ratio = 1.7  # far over the start margin (1.2): the first try overflows
+    client = rig.client("refit")
+    messages = _conversation(290, "value computed ok; " * 8)  # ~25.8k tokens by our margined count, ~33.5k by Claude's
+    reply = await client.messages.create(model="claude-sim-32k", max_tokens=1024, messages=messages)
+    assert reply.stop_reason == "end_turn"
+    assert rig.sim.totals.refused == 1 and rig.sim.totals.answered == 1
+    assert len(rig.sim.requests[-1].body["messages"]) < len(messages)
+
+
 async def test_session_id_from_claude_code_header(messages_rig: Any) -> None:
     rig = await messages_rig()
     client = rig.client(default_headers={"X-Claude-Code-Session-Id": "cc-abc"})

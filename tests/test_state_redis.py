@@ -9,6 +9,7 @@ A 12k window makes the engine edit (clear, truncate) within those first turns.
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -274,3 +275,30 @@ async def test_with_redis_away_every_turn_is_answered_and_sharing_resumes_when_i
         if headers[n]["x-context-epoch"] == "0":
             assert sent[n][: len(sent[n - 1])] == sent[n - 1], f"turn {n + 1} forked from turn {n}"
     assert any(int(h["x-context-tokens-after"]) < int(h["x-context-tokens-before"]) for h in headers[9:])
+
+
+async def test_a_redis_that_stops_answering_delays_no_turn_for_long(tmp_path: Path, redis_server: RedisServer) -> None:
+    """Redis frozen (SIGSTOP: connections open, nothing answered): each call gives up after redis_timeout_ms."""
+    sim, url = await start_simulator()
+    config = write_config(tmp_path / "pair", url, redis_server.url)
+    trace = load_trace(list_traces()[0])
+    history = [(messages, trace.tools) for messages, _ in requests(trace)][:8]
+    assert redis_server.process is not None
+    try:
+        async with Proxy(config) as a:
+            for n, (messages, tools) in enumerate(history):
+                if n == 2:
+                    redis_server.process.send_signal(signal.SIGSTOP)
+                if n == 6:
+                    state = await health(a.port)
+                    assert state["state"] == "degraded" and "Timeout" in state["state_error"], state
+                    redis_server.process.send_signal(signal.SIGCONT)
+                    await asyncio.sleep(0.3)  # past redis_retry_s
+                async with asyncio.timeout(20):  # a stalled turn would hang here for good
+                    await ask(a.port, "frozen", messages, tools)
+            assert (await health(a.port))["state"] == "ok"
+    finally:
+        if redis_server.process is not None:
+            redis_server.process.send_signal(signal.SIGCONT)
+        await sim.cleanup()
+    assert len(sim.app[SIMULATOR].requests) == len(history)

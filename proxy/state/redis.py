@@ -6,7 +6,7 @@ that compares and sets: it succeeds only if the session's version is the one the
 prepared from. Otherwise the same call returns the newer state, the turn is re-run on it (the
 loser re-aligns), and written again. So a session served by one process costs one round trip
 per turn, one that moves between processes two (and a second engine run); its usage follows in
-one pipelined write after the answer. The model's learned ratio (calibration) is learned inside
+one scripted write after the answer. The model's learned ratio (calibration) is learned inside
 Redis and comes back with every commit, so every process counts with the shared ratio.
 
 Redis slow or down never stalls a turn: each call is bounded by `redis_timeout_ms`, a
@@ -69,13 +69,26 @@ end
 local h = redis.call('HMGET', KEYS[1], 'v', 's', 'cost', 'direct_cost', 'direct_prompt')
 return {0, h[1] or '', h[2] or '', r, h[3] or '0', h[4] or '0', h[5] or '0'}
 """
-# KEYS: calibration hash. ARGV: model, observed ratio, smoothing. Calibration.learn, done where every
-# process sees it, so two turns that learn at once both count; %.17g gives Python the same float back.
-_LEARN = """
-local observed = tonumber(ARGV[2])
-local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[2])
-local new = string.format('%.17g', old + tonumber(ARGV[3]) * (observed - old))
-redis.call('HSET', KEYS[1], ARGV[1], new)
+
+# KEYS: session hash, turn details list, calibration hash. ARGV: cost, direct cost, direct prompt tokens,
+# turn detail, details kept, ttl ms, model, observed ratio ('' = none), smoothing. One call, one round trip:
+# the turn's usage, and Calibration.learn done where every process sees it, so two turns that learn at
+# once both count (%.17g gives Python the same float back). Returns the model's shared ratio.
+_USAGE = """
+redis.call('HINCRBYFLOAT', KEYS[1], 'cost', ARGV[1])
+redis.call('HINCRBYFLOAT', KEYS[1], 'direct_cost', ARGV[2])
+redis.call('HSET', KEYS[1], 'direct_prompt', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('RPUSH', KEYS[2], ARGV[4])
+redis.call('LTRIM', KEYS[2], -tonumber(ARGV[5]), -1)
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
+if ARGV[8] == '' then
+  return redis.call('HGET', KEYS[3], ARGV[7]) or ''
+end
+local observed = tonumber(ARGV[8])
+local old = tonumber(redis.call('HGET', KEYS[3], ARGV[7]) or ARGV[8])
+local new = string.format('%.17g', old + tonumber(ARGV[9]) * (observed - old))
+redis.call('HSET', KEYS[3], ARGV[7], new)
 return new
 """
 
@@ -109,7 +122,7 @@ class RedisStore(SessionStore):
             health_check_interval=0,
         )
         self._commit = self.client.register_script(_COMMIT)
-        self._learn = self.client.register_script(_LEARN)
+        self._usage = self.client.register_script(_USAGE)
         self._versions: dict[str, str] = {}  # session key -> the version our copy was read or written at
         self._problem: str | None = None
         self._retry_at = 0.0
@@ -211,25 +224,23 @@ class RedisStore(SessionStore):
 
     async def _write_usage(self, turn: StoredTurn) -> None:
         session, stats, model = turn.session, turn.stats, turn.model
-        key, turns_key = _key(session.id), _turns_key(session.id)
         detail = orjson.dumps(stats.to_dict())
-        ttl = int(self.idle_ttl_s * 1000)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hincrbyfloat(key, "cost", stats.cost_usd or 0.0)
-            pipe.hincrbyfloat(key, "direct_cost", stats.direct_cost_usd or 0.0)
-            pipe.hset(key, "direct_prompt", session.direct_prompt_tokens)
-            pipe.pexpire(key, ttl)
-            pipe.rpush(turns_key, detail)
-            pipe.ltrim(turns_key, -MAX_TURNS_KEPT, -1)
-            pipe.pexpire(turns_key, ttl)
-            observed = observed_ratio(stats.prompt_tokens or 0, turn.estimate)
-            if observed is not None:
-                await self._learn(
-                    keys=[CALIBRATION_KEY], args=[model, repr(observed), repr(RATIO_SMOOTHING)], client=pipe
-                )
-            replies = await self._bounded(pipe.execute())
-        if observed is not None:
-            turn.calibration.ratios[model] = float(replies[-1])
+        observed = observed_ratio(stats.prompt_tokens or 0, turn.estimate)
+        args = [
+            repr(stats.cost_usd or 0.0),
+            repr(stats.direct_cost_usd or 0.0),
+            session.direct_prompt_tokens,
+            detail,
+            MAX_TURNS_KEPT,
+            int(self.idle_ttl_s * 1000),
+            model,
+            "" if observed is None else repr(observed),
+            repr(RATIO_SMOOTHING),
+        ]
+        keys = [_key(session.id), _turns_key(session.id), CALIBRATION_KEY]
+        shared_ratio = await self._bounded(self._usage(keys=keys, args=args))
+        if shared_ratio:
+            turn.calibration.ratios[model] = float(shared_ratio)
         self.bytes_written += len(detail)
         turn.usage_stored = True
 
