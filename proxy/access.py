@@ -18,7 +18,7 @@ import re
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.config import ConfigHolder, Settings
 from proxy.errors import error_response
@@ -28,6 +28,8 @@ GATED_PREFIXES = ("/v1/", "/s/")
 _LINE_BREAK = re.compile(r"[\r\n\x00]")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# A request's headers (aiohttp's read-only view) or a copy being edited.
+Headers = CIMultiDict[str] | CIMultiDictProxy[str]
 
 
 # Where the middleware leaves the proxy key a client presented, for the session fingerprint:
@@ -43,7 +45,7 @@ def access_keys(settings: Settings) -> tuple[str, ...]:
     return tuple(k.strip() for k in os.environ.get(env, "").split(",") if k.strip())
 
 
-def _authorization(headers: CIMultiDict[str]) -> tuple[bool, str]:
+def _authorization(headers: Headers) -> tuple[bool, str]:
     """Whether `Authorization` uses the Bearer scheme, and its credential (the whole value if not)."""
     value = headers.get("Authorization", "")
     if value[:7].lower() == "bearer ":
@@ -51,18 +53,18 @@ def _authorization(headers: CIMultiDict[str]) -> tuple[bool, str]:
     return False, value.strip()
 
 
-def authorization_token(headers: CIMultiDict[str]) -> str:
+def authorization_token(headers: Headers) -> str:
     """The client's credential as sent: the Bearer token, or a bare `Authorization` value."""
     return _authorization(headers)[1]
 
 
-def _bearer(headers: CIMultiDict[str]) -> str:
+def _bearer(headers: Headers) -> str:
     """A Bearer token only: a bare `Authorization` value is no proxy key."""
     is_bearer, token = _authorization(headers)
     return token if is_bearer else ""
 
 
-def _presented_key(headers: CIMultiDict[str]) -> str:
+def _presented_key(headers: Headers) -> str:
     """The proxy key a client presents: `X-Proxy-Key` if sent, else its Bearer token."""
     explicit = headers.get(PROXY_KEY_HEADER)
     return explicit if explicit is not None else _bearer(headers)
@@ -86,7 +88,7 @@ def _matches(presented: str, keys: tuple[str, ...]) -> bool:
     return found and bool(presented)
 
 
-def unsafe_header(headers: CIMultiDict[str]) -> str | None:
+def unsafe_header(headers: Headers) -> str | None:
     """The name of the first header whose name or value holds CR, LF or NUL (it could split a forwarded header)."""
     for name, value in headers.items():
         if _LINE_BREAK.search(name) or _LINE_BREAK.search(value):
@@ -136,7 +138,7 @@ def admin_denied(request: web.Request, settings: Settings) -> web.Response | Non
     return error_response(403, "This route is only served to loopback clients.", "admin_loopback_only")
 
 
-def _without(headers: CIMultiDict[str], name: str) -> CIMultiDict[str]:
+def _without(headers: Headers, name: str) -> CIMultiDict[str]:
     out = CIMultiDict(headers)
     out.popall(name, None)
     return out

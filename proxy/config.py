@@ -253,7 +253,7 @@ def load_settings(
     validate(Settings, data, source, [], only=frozenset({"default_encoding"}))
     policy_data = data.get("policy", {})
     policy = _policy({}, policy_data, source)
-    sections = {name: checked(cls, data.get(name), source, [name]) for name, cls in _sections().items()}
+    sections: dict[str, Any] = {name: checked(cls, data.get(name), source, [name]) for name, cls in _sections().items()}
     if upstream_url:
         validate(UpstreamConfig, {"base_url": upstream_url}, Source(Path("--upstream")), [])
         sections["upstream"] = replace(sections["upstream"], base_url=upstream_url)

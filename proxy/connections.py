@@ -94,8 +94,9 @@ class GuardedConnection(asyncio.Protocol):
         if self.head_timer is not None and not self._awaiting_head():  # the head is complete
             self._stop_head_timer()
 
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received() if self.admitted else None
+    def eof_received(self) -> None:
+        if self.admitted:
+            self.inner.eof_received()
 
     def pause_writing(self) -> None:
         self.inner.pause_writing()

@@ -68,8 +68,9 @@ def _parts_text(parts: Any) -> str | None:
         return parts
     if isinstance(parts, list) and parts:
         texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") in TEXT_PARTS]
-        if len(texts) == len(parts) and all(isinstance(t, str) for t in texts):
-            return "\n".join(texts)
+        strings = [t for t in texts if isinstance(t, str)]
+        if len(strings) == len(parts):
+            return "\n".join(strings)
     return None
 
 
@@ -305,7 +306,7 @@ class ResponsesDialect:
             prompt = whole_count(usage.get("input_tokens")) if isinstance(usage, dict) else None
             if prompt is None:
                 continue
-            details = usage.get("input_tokens_details")  # type: ignore[union-attr]
+            details = usage.get("input_tokens_details") if isinstance(usage, dict) else None
             cached = whole_count(details.get("cached_tokens")) if isinstance(details, dict) else None
             return Usage(prompt, min(cached or 0, prompt))
         return None

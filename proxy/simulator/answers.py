@@ -22,7 +22,8 @@ def openai_error(
 
 def pairing_error(messages: list[dict]) -> tuple[str, str] | None:
     """OpenAI's refusal (message, param) for tool results out of place or tool calls left unanswered."""
-    calls_at, pending, open_calls = -1, [], set()
+    calls_at, open_calls = -1, set()
+    pending: list[str] = []
     for i, message in enumerate(messages):
         if message.get("role") == "tool":
             if calls_at < 0:
@@ -102,7 +103,7 @@ def billed_usage(prompt: int, cached: int, completion: int) -> dict[str, Any]:
 
 
 def _sample(schema: Any) -> Any:
-    kind = schema.get("type") if isinstance(schema, dict) else None
+    kind = str(schema.get("type")) if isinstance(schema, dict) else ""
     return {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}.get(kind, "ls -la")
 
 

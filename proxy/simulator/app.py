@@ -52,7 +52,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     sim.remember(key, chain)
 
     n_calls = int(number_header(request, "X-Sim-Tool-Calls", sim.config.tool_calls)) if tools else 0
-    calls = tool_calls(tools, n_calls, sim.next_id()) if n_calls > 0 else []
+    calls = tool_calls(tools, n_calls, sim.next_id()) if tools and n_calls > 0 else []
     content = None if calls else structured_answer(body.get("response_format")) or sim.config.answer
     counter = counter_for(encoding_for_model(model))
     completion = counter.count_text(content or "") + sum(
@@ -67,7 +67,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if body.get("stream"):
         chunks = max(1, int(number_header(request, "X-Sim-Chunks", sim.config.chunks)))
         return await _stream(request, base, chunk_choices(content, calls, chunks), usage)
-    message = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
     if calls:
         message["tool_calls"] = calls
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls" if calls else "stop"}
@@ -140,9 +140,10 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
         raw = [(seed[k % 64] - 127.5) / 127.5 for k in range(dims)]
         norm = sum(v * v for v in raw) ** 0.5 or 1.0
         vector = [v / norm for v in raw]
+        embedding: list[float] | str = vector
         if body.get("encoding_format") == "base64":
-            vector = base64.b64encode(struct.pack(f"<{dims}f", *vector)).decode()
-        data.append({"object": "embedding", "index": i, "embedding": vector})
+            embedding = base64.b64encode(struct.pack(f"<{dims}f", *vector)).decode()
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     return await send_json(request, {"object": "list", "data": data, "model": body.get("model"), "usage": usage})
 

@@ -18,7 +18,7 @@ from multidict import CIMultiDict
 from proxy.simulator.answers import openai_error
 from proxy.simulator.model import SIMULATOR, RecordedRequest, Simulator
 
-BODY = web.RequestKey("sim_body", object)  # the request's parsed JSON, or None
+BODY: web.RequestKey[Any] = web.RequestKey("sim_body")  # the request's parsed JSON, or None
 
 MID_STREAM_FAULTS = frozenset({"reset-mid-stream", "silence-mid-stream", "malformed-sse"})
 # fault -> (status, message, type, code, extra headers): the real API's bodies for these statuses.
