@@ -17,7 +17,7 @@ import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -128,7 +128,8 @@ def validate(
         _model(cls, only).model_validate(_frozen(data if data is not None else {}))
     except ValidationError as exc:
         error = exc.errors()[0]
-        loc, item = list(error["loc"]), ""
+        loc: list[Any] = list(error["loc"])
+        item = ""
         while loc and isinstance(loc[-1], int):
             item = f"item {loc.pop() + 1}: {item}"
         *inner, last = loc or [None]
@@ -150,7 +151,7 @@ def _problem(error: Any, cls: type, inner: list[Any], key: Any) -> str:
 
 def _field_type(cls: type, name: Any) -> type:
     hint = typing.get_type_hints(cls).get(name) if dataclasses.is_dataclass(cls) else None
-    return hint if dataclasses.is_dataclass(hint) else cls
+    return cast(type, hint) if dataclasses.is_dataclass(hint) else cls
 
 
 def _did_you_mean(key: str, known: list[str], section: bool, table: Sequence[str | int]) -> str:
@@ -171,7 +172,7 @@ def _model(cls: type, only: frozenset[str] | None = None) -> type[BaseModel]:
         hint = hints[field.name]
         rule = RULES.get(f"{cls.__name__}.{field.name}")
         if dataclasses.is_dataclass(hint):
-            hint = _model(hint)
+            hint = _model(cast(type, hint))
         elif typing.get_origin(rule) is Literal:
             hint = rule
         elif rule is not None:

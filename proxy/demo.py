@@ -155,7 +155,7 @@ def render(trace: Trace, model: str, info: ModelInfo, results: list[ReplayResult
         "",
         "  " + " " * 28 + "".join(f"{r.label:>14}" for r in results),
     ]
-    rows = [
+    rows: list[tuple[str, list[Any]]] = [
         ("turns sent", [r.turns for r in results]),
         ("turns failed (window)", [r.failed for r in results]),
         ("first failed turn", [r.first_failure for r in results]),

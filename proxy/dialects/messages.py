@@ -217,11 +217,11 @@ class MessagesDialect:
             if isinstance(item, dict):
                 result.append(item)  # its own user message: the API joins consecutive user messages
                 continue
-            blocks = rendered[item]
-            if item not in touched and len(blocks) == counts[item]:
+            kept = rendered[item]
+            if item not in touched and len(kept) == counts[item]:
                 result.append(originals[item])  # as the client sent it
-            elif blocks:
-                result.append({**originals[item], "content": [blocks[j] for j in sorted(blocks)]})
+            elif kept:
+                result.append({**originals[item], "content": [kept[j] for j in sorted(kept)]})
         return {**body, "messages": result}
 
     def session_hints(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> Sequence[Any]:

@@ -48,7 +48,7 @@ def pairing_error(messages: list[dict]) -> tuple[str, str] | None:
         ids = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
         if not all(isinstance(call_id, str) for call_id in ids):
             return (f"Invalid type for 'messages.[{i}].tool_calls[].id': expected a string.", f"messages.[{i}]")
-        open_calls, pending = set(ids), list(ids)
+        open_calls, pending = set(ids), [call_id for call_id in ids if isinstance(call_id, str)]
     if pending:
         return (
             "An assistant message with 'tool_calls' must be followed by tool messages responding to each "

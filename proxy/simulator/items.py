@@ -74,7 +74,7 @@ def as_message(item: dict[str, Any]) -> dict[str, Any]:
 def input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The request as chat messages: `instructions` first, then each input item."""
     items = body.get("input")
-    messages = [{"role": "user", "content": items}] if isinstance(items, str) else [as_message(i) for i in items]
+    messages = [{"role": "user", "content": items}] if isinstance(items, str) else [as_message(i) for i in items or []]
     instructions = body.get("instructions")
     return ([{"role": "system", "content": _text(instructions)}] if instructions else []) + messages
 

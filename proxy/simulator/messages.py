@@ -134,7 +134,7 @@ def _content(sim: Simulator, body: dict[str, Any], request: web.Request) -> list
 
 def _bill(sim: Simulator, request: web.Request, body: dict[str, Any], prompt: int, chain: list) -> dict[str, Any]:
     """`usage` by the request's breakpoints: reads of what an earlier request wrote, writes up to the last one."""
-    key = request.headers.get("x-api-key") or request.headers.get("Authorization", "")
+    key = request.headers.get("x-api-key") or request.headers.get("Authorization") or ""
     lookups = [(p.digest, p.tokens) for p in lookup_positions(chain)]
     read = sim.cached_tokens(key, lookups, granularity=1)
     five, hour = written(chain, read, sim.config.cache_min_tokens)
@@ -157,8 +157,9 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     except TypeError:  # orjson refuses JSON nested over 254 deep
         return anthropic_error(400, "messages: nested too deeply")
     if (marks := len(breakpoints(chain))) > MAX_BREAKPOINTS:
-        message = f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {marks}."
-        return anthropic_error(400, message)
+        return anthropic_error(
+            400, f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {marks}."
+        )
     window = sim.config.window(body["model"])
     if prompt > window:
         sim.totals.refused += 1
@@ -191,6 +192,7 @@ def _pieces(text: str, n: int) -> list[str]:
 def _block_events(index: int, block: dict[str, Any], chunks: int) -> list[dict[str, Any]]:
     """content_block_start (the block empty), its deltas, content_block_stop."""
     kind, at = block["type"], {"index": index}
+    opened: dict[str, Any]
     if kind == "thinking":
         opened = {"type": "thinking", "thinking": "", "signature": ""}
         deltas = [{"type": "thinking_delta", "thinking": p} for p in _pieces(block["thinking"], chunks)]
@@ -210,7 +212,7 @@ def _events(message: dict[str, Any], chunks: int) -> list[dict[str, Any]]:
     """message_start (usage so far), ping, each block, message_delta (stop reason, final usage), message_stop."""
     usage = message["usage"]
     started = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
-    events = [{"type": "message_start", "message": started}, {"type": "ping"}]
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": started}, {"type": "ping"}]
     for index, block in enumerate(message["content"]):
         events += _block_events(index, block, chunks)
     final = {key: usage[key] for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")}

@@ -8,7 +8,7 @@ Billing and refusals follow the chat route: the same prefix-cache model over the
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from aiohttp import web
@@ -63,10 +63,10 @@ def _with_history(request: web.Request, body: dict[str, Any]) -> list[Any] | web
 
 def _output(sim: Simulator, body: dict[str, Any], calls: list[dict]) -> list[dict[str, Any]]:
     """What the model answers: a reasoning item when asked to reason, then tool calls or a message."""
-    n, out = sim.next_id(), []
+    n, out = sim.next_id(), cast(list[dict[str, Any]], [])
     reasoned = body.get("reasoning") is not None
     if reasoned:
-        item = {"id": f"rs_sim{n:08d}", "type": "reasoning", "summary": []}
+        item: dict[str, Any] = {"id": f"rs_sim{n:08d}", "type": "reasoning", "summary": []}
         if "reasoning.encrypted_content" in (body.get("include") or []):
             item["encrypted_content"] = seal(item["id"], REASONING)
         out.append(item)
@@ -206,7 +206,7 @@ async def _refuse_stream(request: web.Request, response: dict[str, Any]) -> web.
     """A streamed request over the window: 200, `response.created`, then the refusal as events."""
     error = {"code": "context_length_exceeded", "message": WINDOW_MESSAGE}
     failed = {**response, "status": "failed", "error": error}
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": response},
         {"type": "response.in_progress", "response": response},
         {"type": "error", **error, "param": "input"},

@@ -175,7 +175,7 @@ class RedisStore(SessionStore):
                 return
             ttl = str(int(self.idle_ttl_s * 1000))
             expected = self._versions.get(session.id, "")
-            args = [expected, state, ttl, model, secrets.token_hex(8)]
+            args: list[Any] = [expected, state, ttl, model, secrets.token_hex(8)]
             reply = await self._bounded(self._commit(keys=[key, CALIBRATION_KEY], args=args))
             self.bytes_written += len(state)
             shared_ratio = reply[2] if int(reply[0]) == 1 else reply[3]
@@ -226,7 +226,7 @@ class RedisStore(SessionStore):
         session, stats, model = turn.session, turn.stats, turn.model
         detail = orjson.dumps(stats.to_dict())
         observed = observed_ratio(stats.prompt_tokens or 0, turn.estimate)
-        args = [
+        args: list[Any] = [
             repr(stats.cost_usd or 0.0),
             repr(stats.direct_cost_usd or 0.0),
             session.direct_prompt_tokens,
