@@ -75,6 +75,15 @@ def load_trace(name_or_path: str | Path) -> Trace:
     )
 
 
+def message_text(content: Any) -> str:
+    """A trace message's content as one text (its parts' texts joined), for converting it to another API."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
 def requests(trace: Trace) -> Iterator[tuple[list[Message], Message]]:
     """Each request the agent sent (a fresh list; the messages are shared) and the answer it got."""
     for i, message in enumerate(trace.messages):

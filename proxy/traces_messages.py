@@ -15,19 +15,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from proxy.simulator.blocks import sign
-from proxy.traces import Trace, requests
+from proxy.traces import Trace, message_text, requests
 
 Block = dict[str, Any]
 EPHEMERAL = {"type": "ephemeral"}
 BREAKPOINT_STYLES = ("claude-code", "none")
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
 
 
 def messages_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -54,7 +46,7 @@ def _arguments(raw: Any) -> Any:
 
 def _assistant(k: int, message: dict[str, Any]) -> list[Block]:
     """One assistant turn: a signed thinking block, then its text and its tool calls."""
-    text = _text(message.get("content"))
+    text = message_text(message.get("content"))
     thought = f"Step {k}: deciding what to do next. " + text[:400]
     blocks: list[Block] = [{"type": "thinking", "thinking": thought, "signature": sign(thought)}]
     if text:
@@ -70,10 +62,9 @@ def _assistant(k: int, message: dict[str, Any]) -> list[Block]:
 
 def _user_blocks(message: dict[str, Any]) -> list[Block]:
     if message.get("role") == "tool":
-        return [
-            {"type": "tool_result", "tool_use_id": message.get("tool_call_id"), "content": _text(message["content"])}
-        ]
-    return [{"type": "text", "text": _text(message.get("content")) or "(empty)"}]
+        result = message_text(message["content"])
+        return [{"type": "tool_result", "tool_use_id": message.get("tool_call_id"), "content": result}]
+    return [{"type": "text", "text": message_text(message.get("content")) or "(empty)"}]
 
 
 def _append(out: list[dict[str, Any]], k: int, message: dict[str, Any]) -> None:
@@ -110,7 +101,7 @@ def messages_requests(trace: Trace, model: str, breakpoints: str = "claude-code"
         body: dict[str, Any] = {"model": model, "max_tokens": 4096, "messages": list(converted)}
         body["thinking"] = {"type": "enabled", "budget_tokens": 2048}
         if system is not None:
-            body["system"] = [{"type": "text", "text": _text(system.get("content"))}]
+            body["system"] = [{"type": "text", "text": message_text(system.get("content"))}]
         if tools:
             body["tools"] = tools
         if breakpoints == "claude-code":

@@ -13,18 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from proxy.simulator.items import seal
-from proxy.traces import Trace, requests
+from proxy.traces import Trace, message_text, requests
 
 Item = dict[str, Any]
 INCLUDE = ["reasoning.encrypted_content"]
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
 
 
 def responses_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -36,7 +28,7 @@ def responses_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] 
 
 def _assistant(k: int, message: dict[str, Any]) -> list[Item]:
     """One assistant turn: its reasoning, then its text and its calls, with ids that say they followed reasoning."""
-    text = _text(message.get("content"))
+    text = message_text(message.get("content"))
     reasoning_id = f"rs_trace{k:04d}"
     thought = f"Step {k}: deciding what to do next. " + text[:400]
     items: list[Item] = [
@@ -63,11 +55,12 @@ def _items(k: int, message: dict[str, Any]) -> list[Item]:
             {
                 "type": "function_call_output",
                 "call_id": message.get("tool_call_id"),
-                "output": _text(message.get("content")),
+                "output": message_text(message.get("content")),
             }
         ]
     part_type = "input_text"
-    return [{"type": "message", "role": role, "content": [{"type": part_type, "text": _text(message.get("content"))}]}]
+    part = {"type": part_type, "text": message_text(message.get("content"))}
+    return [{"type": "message", "role": role, "content": [part]}]
 
 
 def responses_requests(trace: Trace, model: str) -> Iterator[dict[str, Any]]:
@@ -84,7 +77,7 @@ def responses_requests(trace: Trace, model: str) -> Iterator[dict[str, Any]]:
         body: dict[str, Any] = {"model": model, "input": list(converted), "store": False, "include": INCLUDE}
         body["reasoning"] = {"effort": "medium"}
         if instructions is not None:
-            body["instructions"] = _text(instructions.get("content"))
+            body["instructions"] = message_text(instructions.get("content"))
         if tools:
             body["tools"] = tools
         yield body
