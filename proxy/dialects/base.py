@@ -60,6 +60,16 @@ def whole_count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def cached_usage(usage: Any, prompt_key: str, details_key: str) -> Usage | None:
+    """OpenAI's usage object (a count under `prompt_key`, `cached_tokens` under `details_key`); None without a count."""
+    prompt = whole_count(usage.get(prompt_key)) if isinstance(usage, dict) else None
+    if prompt is None:
+        return None
+    details = usage.get(details_key)
+    cached = whole_count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return Usage(prompt, min(cached or 0, prompt))
+
+
 class Dialect(Protocol):
     """One API the proxy rewrites: how its requests map to the engine and back, and how it bills."""
 

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from proxy.context.messages import message_digest
-from proxy.dialects.base import Conversation, Message, Usage, whole_count
+from proxy.dialects.base import Conversation, Message, Usage, cached_usage, whole_count
 from proxy.errors import error_body
 from proxy.validate import parse_chat_body
 
@@ -94,13 +94,8 @@ class ChatDialect:
 
     def usage(self, payloads: Sequence[Mapping[str, Any]]) -> Usage | None:
         for payload in reversed(payloads):
-            usage = payload.get("usage")
-            prompt = whole_count(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
-            if prompt is None:
-                continue
-            details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
-            cached = whole_count(details.get("cached_tokens")) if isinstance(details, dict) else None
-            return Usage(prompt, min(cached or 0, prompt))
+            if usage := cached_usage(payload.get("usage"), "prompt_tokens", "prompt_tokens_details"):
+                return usage
         return None
 
     def stream_undecided(self, head: bytes) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from proxy.context.messages import content_text
-from proxy.dialects.base import Conversation, Message, Usage, group_digest, opaque, whole_count
+from proxy.dialects.base import Conversation, Message, Usage, cached_usage, group_digest, opaque
 from proxy.dialects.chat import max_output_tokens
 from proxy.errors import InvalidRequest, error_body
 
@@ -303,12 +303,8 @@ class ResponsesDialect:
             response = payload.get("response")
             if not isinstance(usage, dict) and isinstance(response, dict):
                 usage = response.get("usage")
-            prompt = whole_count(usage.get("input_tokens")) if isinstance(usage, dict) else None
-            if prompt is None:
-                continue
-            details = usage.get("input_tokens_details") if isinstance(usage, dict) else None
-            cached = whole_count(details.get("cached_tokens")) if isinstance(details, dict) else None
-            return Usage(prompt, min(cached or 0, prompt))
+            if found := cached_usage(usage, "input_tokens", "input_tokens_details"):
+                return found
         return None
 
     def stream_undecided(self, head: bytes) -> bool:
