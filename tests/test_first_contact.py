@@ -153,4 +153,5 @@ async def test_a_session_the_proxy_left_alone_never_reads_as_a_loss(packaged_pro
         history.append({"role": "assistant", "content": answer.choices[0].message.content})
     report = await session_report(packaged_proxy, "left-alone")
     assert report["saved_usd"] == 0 and report["cost_usd"] > 0
+    assert all(t["banked"] == 0 for t in report["turn_details"])  # nor does the engine count any saving
     assert all(t["cost_usd"] == t["direct_cost_usd"] for t in report["turn_details"])

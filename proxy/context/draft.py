@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from proxy.context.economics import billed_input
 from proxy.context.fitting import omission_note
 from proxy.context.journal import AS_SENT, KEEP, Decision, Injection, Journal
 from proxy.context.messages import Message, message_digest
@@ -38,10 +39,18 @@ class Draft:
     observations: tuple[Pattern, ...] = ()
     first_new: int = 0  # messages before this index were in last turn's request
     where: list[int] = field(default_factory=list)  # output index per client message, -1 when dropped
+    first_decided: int | None = None  # the earliest client message given a new decision while drafting
 
     def total(self, counts: Sequence[int]) -> int:
         """The request's tokens as the upstream will count them: messages, the fixed part, our correction."""
         return math.ceil((sum(counts) + self.fixed) * self.correction)
+
+    def direct_bill(self) -> float:
+        """This request's input, sent as the client wrote it, in full-price tokens: cached up to what it
+        shares with the client's last request, the new messages at the write price."""
+        tokens = self.journal.tokens
+        new = sum(tokens[self.first_new :])
+        return billed_input(self.model.cache_discount, self.model.write_factor, sum(tokens) - new, new)
 
     def emitted(self, i: int) -> Message | None:
         """What the journal's decision sends for client message `i` (None when dropped)."""
@@ -96,6 +105,7 @@ class Draft:
     def decide(self, i: int, decision: Decision) -> None:
         """Record a new decision for message `i`, with the tokens it now sends."""
         self.journal.decisions[i] = decision
+        self.first_decided = i if self.first_decided is None else min(i, self.first_decided)
         emitted = self.emitted(i)
         self.journal.sent[i] = 0 if emitted is None else self.counter.count_message(emitted)
 

@@ -62,6 +62,17 @@ def epoch_saving(discount: float, freed: int, turns_to_come: float) -> float:
     return discount * freed * turns_to_come
 
 
+def epoch_value(
+    *, discount: float, tokens_after: int, first_changed: int, freed: int, turns_so_far: int, write: float = 1.0
+) -> float:
+    """Billed tokens an edit freeing `freed` tokens from token position `first_changed` on is expected to
+    save, net of its cache miss (negative: it costs more than it saves)."""
+    if freed <= 0:
+        return 0.0
+    cost = epoch_cost(discount, tokens_after, first_changed, freed, write)
+    return epoch_saving(discount, freed, expected_turns_to_come(turns_so_far)) - cost
+
+
 def epoch_pays(
     *, discount: float, tokens_after: int, first_changed: int, freed: int, turns_so_far: int, write: float = 1.0
 ) -> bool:
@@ -69,10 +80,27 @@ def epoch_pays(
 
     With d = 1 (no caching) any edit that frees tokens pays at once.
     """
-    if freed <= 0:
-        return False
-    cost = epoch_cost(discount, tokens_after, first_changed, freed, write)
-    return epoch_saving(discount, freed, expected_turns_to_come(turns_so_far)) > cost
+    value = epoch_value(
+        discount=discount, tokens_after=tokens_after, first_changed=first_changed, freed=freed,
+        turns_so_far=turns_so_far, write=write,
+    )  # fmt: skip
+    return value > 0
+
+
+def billed_input(discount: float, write: float, cached: float, uncached: float) -> float:
+    """One request's input in full-price tokens: the cached prefix at d, the rest at the write price w."""
+    return discount * cached + write * uncached
+
+
+def within_budget(cost: float, banked: float, turn: float) -> bool:
+    """Whether an edit costing `cost` billed tokens this turn may be made, with `banked` saved so far
+    and `turn` the bill of this request sent as the client wrote it.
+
+    An edit that frees more than its rewrite costs is always made; one that costs more this turn
+    spends the savings the session's edits have banked, and at most one more turn's bill: however
+    soon a session ends, its edits have cost it at most about one turn more than no edits at all.
+    """
+    return cost <= max(0.0, banked) + turn
 
 
 def cached_prefix(previous: Sequence[Block], current: Sequence[Block]) -> int:

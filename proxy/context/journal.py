@@ -75,6 +75,7 @@ class TurnReport:
     first_changed: int | None = None  # output index of the first message an epoch changed
     recall_missed: int = 0  # tokens the agent's newest message used that only removed content held
     reruns: int = 0  # calls in it whose output the proxy had cleared
+    banked: float = 0.0  # billed input tokens the session's edits have saved after this turn, by our counts
 
     def headers(self) -> dict[str, str]:
         return {
@@ -110,6 +111,7 @@ _REPORT_FIELDS = (
     "first_changed",
     "recall_missed",
     "reruns",
+    "banked",
 )
 
 
@@ -131,6 +133,9 @@ class Journal:
     # output, so no new plan is made until the bound has grown by `clear_at_least` (0 = none).
     unpaid_bound: int = 0
     recall: RecallIndex = field(default_factory=RecallIndex)  # what was removed, for live recall misses
+    # Billed input tokens the edits have saved this session so far, by our own counts (negative: they
+    # cost more than they saved): what an edit that does not pay at once may spend (`economics.within_budget`).
+    banked: float = 0.0
 
     def __len__(self) -> int:
         return len(self.digests)
@@ -150,6 +155,7 @@ class Journal:
             epochs=self.epochs,
             unpaid_bound=self.unpaid_bound,
             recall=self.recall.copy(),
+            banked=self.banked,
         )
 
     def align(self, digests: Sequence[bytes]) -> int:
@@ -205,6 +211,7 @@ class Journal:
             "epochs": self.epochs,
             "unpaid_bound": self.unpaid_bound,
             "recall": self.recall.to_dict(),
+            "banked": round(self.banked, 1),
         }
 
     @classmethod
@@ -223,4 +230,5 @@ class Journal:
             epochs=int(data.get("epochs", 0)),
             unpaid_bound=int(data.get("unpaid_bound", 0)),
             recall=RecallIndex.from_dict(data.get("recall", {})),
+            banked=float(data.get("banked", 0.0)),
         )

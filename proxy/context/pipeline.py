@@ -16,6 +16,7 @@ from typing import Any
 from proxy.context.capsules import Capsule
 from proxy.context.clearing import ClearPlan
 from proxy.context.draft import Draft
+from proxy.context.economics import billed_input
 from proxy.context.inject import drop_capsules, inject_capsules, stale_capsules
 from proxy.context.journal import Journal, TurnReport
 from proxy.context.messages import Message, is_tool_output, message_digest
@@ -122,6 +123,8 @@ def process(
     sources = draft.sources(len(out))
     if report.tokens_after > draft.usable:
         return Outcome(out, journal, report, Overflow(model.context_window, report.tokens_after, reserve), sources)
+    state.banked += _turn_saving(draft, counts, report.first_changed)
+    report.banked = round(state.banked, 1)
     state.record(report)
     return Outcome(out, state, report, None, sources)
 
@@ -154,6 +157,18 @@ def _epoch_needed(draft: Draft, out: list[Message], counts: list[int]) -> Epoch 
     if plan is not None and plan.ids and not reasons:
         reasons.append("clearing")
     return Epoch(tuple(reasons), plan) if reasons else None
+
+
+def _turn_saving(draft: Draft, counts: list[int], first_changed: int | None) -> float:
+    """Billed tokens this request saves against the client's own, each read from the cache up to what it
+    shares with the one before it: what the edits bank (`economics.within_budget`)."""
+    d, w = draft.model.cache_discount, draft.model.write_factor
+    first_new = draft.first_new
+    new = next((j for j in draft.where[first_new:] if j >= 0), len(counts))
+    if first_changed is not None:
+        new = min(new, first_changed)
+    sent_new = sum(counts[new:])
+    return draft.direct_bill() - billed_input(d, w, sum(counts) - sent_new, sent_new)
 
 
 def _first_difference(before: list[Message], after: list[Message]) -> int | None:

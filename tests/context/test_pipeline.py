@@ -132,13 +132,6 @@ def test_headers_report_the_turn():
     assert headers["X-Context-Diff"].startswith("added=0 kept=0 removed=0")
 
 
-@pytest.fixture(scope="module")
-def real_counter():
-    from proxy.tokens import counter_for
-
-    return counter_for("o200k_base")
-
-
 @pytest.mark.parametrize("name", TRACE_NAMES)
 def test_every_turn_of_every_trace_fits_a_32k_window_with_valid_pairing(name, real_counter):
     trace = load(name)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from proxy.context.clearing import PLACEHOLDER, ClearPlan, ClearToolOutputs
 from proxy.context.draft import Draft
-from proxy.context.economics import epoch_pays
+from proxy.context.economics import epoch_cost, epoch_value, within_budget
 from proxy.context.journal import AS_SENT, CLEARED, DROPPED, Decision, TurnReport
 from proxy.context.messages import Message, is_tool_output, message_ids
 from proxy.context.recall import outputs_in_use
@@ -55,10 +56,16 @@ class Clearing:
         total = draft.total(counts)
         turns = sum(1 for m in draft.messages if m.get("role") == "assistant")
         d, w = draft.model.cache_discount, draft.model.write_factor
+        turn_bill = draft.direct_bill()
 
-        def pays(freed: int, first: int) -> bool:
+        def value(freed: int, first: int) -> float:
+            """The net saving expected of freeing `freed` tokens from token `first` on, or -1 when the edit
+            costs more this turn than the session's edits have banked (`economics.within_budget`)."""
             after = total - freed
-            return epoch_pays(
+            cost = epoch_cost(d, after, first, freed, w)
+            if not within_budget(cost, draft.journal.banked, turn_bill):
+                return -1.0
+            return epoch_value(
                 discount=d, tokens_after=after, first_changed=first, freed=freed, turns_so_far=turns, write=w
             )
 
@@ -66,19 +73,43 @@ class Clearing:
             """The token position where output message `j` starts (the tools schema comes first)."""
             return draft.fixed - REPLY_PRIMING + sum(counts[:j])
 
-        if not forced and not pays(freed, position(draft.where[newest])):
+        if not forced and value(freed, position(draft.where[newest])) <= 0:
             return None
         clear = replace(ClearToolOutputs.from_policy(rules), keep_tokens=keep_tokens)
         visible, digests = draft.visible_output(out)
         plan = _spare_in_use(draft, clear.plan(visible, draft.counter, digests), visible, digests)
-        paid = bool(plan.ids) and (
-            forced or pays(plan.tokens, position(draft.output_index(min(plan.indices(visible, digests)))))
-        )
-        if not paid:
+        if plan.ids and not forced:
+            plan = _paying_part(draft, plan, visible, digests, lambda freed, j: value(freed, position(j)))
+        if not plan.ids:
             if not forced:
                 draft.journal.unpaid_bound = freed
             return None
         return plan
+
+
+def _paying_part(
+    draft: Draft, plan: ClearPlan, visible: list[Message], digests: list[bytes], value: Callable[[int, int], float]
+) -> ClearPlan:
+    """The newest outputs of the plan, from the one where clearing pays the most on (empty when none pays).
+
+    Clearing an old output re-bills everything after it: when the oldest outputs cost more to clear
+    than they free, clearing only the newer ones may still pay. `value(freed, j)` is the net saving
+    of freeing `freed` tokens from output message `j` on; with no caching, all of the plan pays most.
+    """
+    planned = plan.indices(visible, digests)
+    outputs = [j for j in draft.where if j >= 0]  # output index per visible message
+    count = draft.counter.count_message
+    least = max(1, draft.policy.clear_tool_outputs.clear_at_least)
+    best, best_value, freed, best_freed = len(planned), 0.0, 0, 0
+    for k in range(len(planned) - 1, -1, -1):
+        message = visible[planned[k]]
+        freed += count(message) - count({**message, "content": PLACEHOLDER})
+        if freed >= least and (net := value(freed, outputs[planned[k]])) > best_value:
+            best, best_value, best_freed = k, net, freed
+    if best == 0:
+        return plan
+    ids = message_ids(visible, digests)
+    return ClearPlan(tuple(ids[i] for i in planned[best:]), best_freed)
 
 
 def _spare_in_use(draft: Draft, plan: ClearPlan, visible: list[Message], digests: list[bytes]) -> ClearPlan:

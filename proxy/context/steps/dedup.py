@@ -37,7 +37,11 @@ class Dedup:
     def edit(self, draft: Draft, epoch: Epoch, report: TurnReport) -> None:
         journal, last, visible = draft.journal, len(draft.messages) - 1, draft.visible()
         if draft.policy.dedup:
-            candidates = [i for i in visible if journal.outputs[i] and journal.decisions[i] is AS_SENT and i != last]
+            # Only the window may make dedup edit the prefix on its own; else it rides on what the epoch
+            # rewrites anyway (from its first edit on), at no cost to the cache the epoch was priced by.
+            start = 0 if epoch.over_budget else draft.first_decided if draft.first_decided is not None else last
+            kept = [i for i in visible if i >= start and journal.decisions[i] is AS_SENT]
+            candidates = [i for i in kept if journal.outputs[i] and i != last]
             found = duplicates(draft.messages, candidates, journal.tokens)
             for i, target in found.items():
                 draft.decide(i, Decision(DEDUPED, reference=reference(draft.messages[target]), target=target))
