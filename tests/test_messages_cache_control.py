@@ -7,80 +7,35 @@ and a 1-hour breakpoint after a 5-minute one, in the real API's words, and split
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 import aiohttp
 import anthropic
 import pytest
-from aiohttp import web
 
-from proxy import server
-from proxy.config import ConfigHolder, load_settings
 from proxy.context.clearing import PLACEHOLDER
-from proxy.service import build_context_service
-from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
+from tests.test_messages_http import SYSTEM, Rig, messages_rig
 
-SYSTEM = "You are a careful coding agent. " * 200  # over the 1,024-token minimum a cache entry needs
+__all__ = ["messages_rig"]  # the fixture this module uses
+
 FIVE_MINUTES = {"type": "ephemeral"}
 ONE_HOUR = {"type": "ephemeral", "ttl": "1h"}
 # claude-* in the packaged model table, USD per million tokens: input, 5-minute write (1.25x), 1-hour write (2x), read.
 INPUT, WRITE_5M, WRITE_1H, READ = 3.00, 3.75, 6.00, 0.30
 
 
-class Rig:
-    def __init__(self, sim_runner: web.AppRunner, sim_url: str, port: int) -> None:
-        self.sim_runner, self.sim_url, self.port = sim_runner, sim_url, port
-        self.clients: list[anthropic.AsyncAnthropic] = []
-
-    @property
-    def sim(self) -> Simulator:
-        return self.sim_runner.app[SIMULATOR]
-
-    def client(self, session: str, *, direct: bool = False) -> anthropic.AsyncAnthropic:
-        """A client of the proxy (`/s/{session}`), or (`direct`) of the simulator itself."""
-        base = self.sim_url.removesuffix("/v1") if direct else f"http://127.0.0.1:{self.port}/s/{session}"
-        client = anthropic.AsyncAnthropic(base_url=base, api_key="sk-ant-client", max_retries=0)
-        self.clients.append(client)
-        return client
-
-    async def turn_costs(self, session: str) -> list[Any]:
-        """`cost_usd` of each turn in `GET /sessions/{id}`, once every turn's usage is recorded (it is recorded as
-        the answer's last bytes go out, so it may lag the client by a moment)."""
-        url = f"http://127.0.0.1:{self.port}/sessions/{session}"
-        costs: list[Any] = [None]
-        for _ in range(500):
-            async with aiohttp.ClientSession() as http, http.get(url) as response:
-                costs = [turn["cost_usd"] for turn in (await response.json())["turn_details"]]
-            if None not in costs:
-                break
-            await asyncio.sleep(0.01)
-        return costs
-
-
-@pytest.fixture
-async def cache_rig() -> AsyncIterator[Callable[..., Awaitable[Rig]]]:
-    runners: list[web.AppRunner] = []
-    rigs: list[Rig] = []
-
-    async def make(place_breakpoints: bool = True) -> Rig:
-        sim_runner, sim_url = await start_simulator(SimulatorConfig(record_limit=50))
-        runners.append(sim_runner)
-        settings = load_settings(upstream_url=sim_url, anthropic_url=sim_url.removesuffix("/v1"))
-        anthropic_config = replace(settings.anthropic, place_breakpoints=place_breakpoints)
-        holder = ConfigHolder(replace(settings, anthropic=anthropic_config, path=""))
-        proxy_runner, port = await server.start(holder, context=build_context_service(holder))
-        runners.append(proxy_runner)
-        rigs.append(Rig(sim_runner, sim_url, port))
-        return rigs[-1]
-
-    yield make
-    for rig in rigs:
-        for client in rig.clients:
-            await client.close()
-    for runner in reversed(runners):
-        await runner.cleanup()
+async def turn_costs(rig: Rig, session: str) -> list[Any]:
+    """`cost_usd` of each turn in `GET /sessions/{id}`, once every turn's usage is recorded (it is recorded as the
+    answer's last bytes go out, so it may lag the client by a moment)."""
+    url = f"http://127.0.0.1:{rig.port}/sessions/{session}"
+    costs: list[Any] = [None]
+    for _ in range(500):
+        async with aiohttp.ClientSession() as http, http.get(url) as response:
+            costs = [turn["cost_usd"] for turn in (await response.json())["turn_details"]]
+        if None not in costs:
+            break
+        await asyncio.sleep(0.01)
+    return costs
 
 
 def marked(body: dict[str, Any]) -> dict[str, Any]:
@@ -131,9 +86,9 @@ def _six_breakpoints() -> dict[str, Any]:
 
 @pytest.mark.parametrize("place_breakpoints", [True, False], ids=["placing", "not-placing"])
 async def test_more_than_four_client_breakpoints_go_upstream_as_the_last_four(
-    cache_rig: Any, place_breakpoints: bool
+    messages_rig: Any, place_breakpoints: bool
 ) -> None:
-    rig = await cache_rig(place_breakpoints)
+    rig = await messages_rig(place_breakpoints=place_breakpoints)
     body = _six_breakpoints()
     with pytest.raises(anthropic.BadRequestError) as refused:  # what the client would meet without the proxy
         await rig.client("direct", direct=True).messages.create(**body)
@@ -147,9 +102,9 @@ async def test_more_than_four_client_breakpoints_go_upstream_as_the_last_four(
     assert sent["messages"] == body["messages"]  # the kept marks as the client sent them
 
 
-async def test_the_proxys_mark_before_a_client_one_hour_mark_asks_for_one_hour(cache_rig: Any) -> None:
+async def test_the_proxys_mark_before_a_client_one_hour_mark_asks_for_one_hour(messages_rig: Any) -> None:
     """The API refuses a 1-hour breakpoint after a 5-minute one: the frontier the proxy adds must not be 5 minutes."""
-    rig = await cache_rig()
+    rig = await messages_rig()
     messages = _tool_loop(6, "x = 1\n" * 100)
     messages[-1]["content"][-1]["cache_control"] = ONE_HOUR
     system = [{"type": "text", "text": SYSTEM, "cache_control": ONE_HOUR}]
@@ -161,9 +116,9 @@ async def test_the_proxys_mark_before_a_client_one_hour_mark_asks_for_one_hour(c
     assert sent == {"system.0": ONE_HOUR, "messages.1.content.0": ONE_HOUR, "messages.12.content.0": ONE_HOUR}
 
 
-async def test_the_proxys_mark_after_the_last_one_hour_mark_stays_five_minutes(cache_rig: Any) -> None:
+async def test_the_proxys_mark_after_the_last_one_hour_mark_stays_five_minutes(messages_rig: Any) -> None:
     """A system prompt kept for an hour and a conversation for 5 minutes: the frontier is written at 5 minutes."""
-    rig = await cache_rig()
+    rig = await messages_rig()
     messages = _tool_loop(6, "x = 1\n" * 100)
     messages[-1]["content"][-1]["cache_control"] = FIVE_MINUTES
     system = [{"type": "text", "text": SYSTEM, "cache_control": ONE_HOUR}]
@@ -181,8 +136,8 @@ def _expected_cost(usage: Any) -> float:
     return paid / 1e6
 
 
-async def test_one_hour_cache_writes_are_billed_at_twice_the_input_price(cache_rig: Any) -> None:
-    rig = await cache_rig()
+async def test_one_hour_cache_writes_are_billed_at_twice_the_input_price(messages_rig: Any) -> None:
+    rig = await messages_rig()
     client = rig.client("billed")
     system = [{"type": "text", "text": SYSTEM, "cache_control": ONE_HOUR}]
     question = "Summarise the repository layout. " * 60  # past the hour's mark: written for 5 minutes
@@ -199,14 +154,14 @@ async def test_one_hour_cache_writes_are_billed_at_twice_the_input_price(cache_r
         second = await stream.get_final_message()
     assert second.usage.cache_read_input_tokens > 0
 
-    costs = await rig.turn_costs("billed")
+    costs = await turn_costs(rig, "billed")
     assert costs == [pytest.approx(_expected_cost(first.usage)), pytest.approx(_expected_cost(second.usage))]
 
 
-async def test_a_one_hour_last_breakpoint_makes_clearing_wait_for_a_bigger_saving(cache_rig: Any) -> None:
+async def test_a_one_hour_last_breakpoint_makes_clearing_wait_for_a_bigger_saving(messages_rig: Any) -> None:
     """An epoch re-writes the tail after its first edit: at the 1-hour price (2x input) the same clearing that pays
     at the 5-minute price (1.25x) does not pay yet."""
-    rig = await cache_rig()
+    rig = await messages_rig()
     cleared = {}
     for name, control in (("five", FIVE_MINUTES), ("hour", ONE_HOUR)):
         messages = _tool_loop(13, "x = 1\n" * 200)
