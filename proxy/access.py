@@ -1,10 +1,10 @@
 """Who may use the proxy, and what a client may not smuggle through it.
 
 Access keys come from `[auth] keys_env` (comma-separated, read per request so a rotated
-key takes effect without a restart). A client presents one as `Authorization: Bearer`
-or, when its own `Authorization` carries an upstream key, as `X-Proxy-Key`. A proxy key
-is never forwarded: `X-Proxy-Key` is removed, and a proxy key presented as Bearer is
-dropped unless `upstream.api_key_env` replaces it anyway. `/healthz`, `/metrics` and
+key takes effect without a restart). A client presents one as `Authorization: Bearer`, as
+`x-api-key` (Anthropic's SDKs and Claude Code send their key so) or, when its own credential
+is an upstream key, as `X-Proxy-Key`. A proxy key is never forwarded: the header that
+carried it is removed (the upstream gets the configured key, or none). `/healthz`, `/metrics` and
 `/sessions` are not gated by proxy keys: the last two answer `admin_denied` (an admin token, or
 loopback clients only).
 """
@@ -21,7 +21,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.config import ConfigHolder, Settings
-from proxy.errors import error_response
+from proxy.errors import InvalidRequest, ProxyError, error_response
 
 PROXY_KEY_HEADER = "X-Proxy-Key"
 GATED_PREFIXES = ("/v1/", "/s/")
@@ -64,10 +64,18 @@ def _bearer(headers: Headers) -> str:
     return token if is_bearer else ""
 
 
-def _presented_key(headers: Headers) -> str:
-    """The proxy key a client presents: `X-Proxy-Key` if sent, else its Bearer token."""
+def _presented_key(headers: Headers, keys: tuple[str, ...]) -> tuple[str, list[str]]:
+    """The proxy key a client presents and the headers that carry it; ("", []) when it presents none.
+
+    `X-Proxy-Key` when sent (the client's other credentials are then its own); else its Bearer token or
+    its `x-api-key`, whichever is one of `keys`.
+    """
     explicit = headers.get(PROXY_KEY_HEADER)
-    return explicit if explicit is not None else _bearer(headers)
+    if explicit is not None:
+        return (explicit.strip(), [PROXY_KEY_HEADER]) if _matches(explicit.strip(), keys) else ("", [])
+    held = {"Authorization": _bearer(headers).strip(), "x-api-key": headers.get("x-api-key", "").strip()}
+    key = next((value for value in held.values() if _matches(value, keys)), "")
+    return key, [name for name, value in held.items() if key and value == key]
 
 
 def is_loopback(host: str | None) -> bool:
@@ -104,25 +112,25 @@ def exposure_problem(host: str, settings: Settings) -> str | None:
     return f"binding {host} exposes /sessions and /metrics: set [server] admin_token_env to a variable holding a token"
 
 
-def check_request(request: web.Request, settings: Settings) -> web.Response | CIMultiDict[str] | None:
-    """A refusal, the headers to continue with (proxy key removed), or None to continue unchanged."""
+def check_request(request: web.Request, settings: Settings) -> ProxyError | tuple[CIMultiDict[str], str] | None:
+    """A refusal (answered in the route's API's shape), or the headers to continue with (the proxy key removed) and
+    the key presented, or None to continue unchanged."""
     if (name := unsafe_header(request.headers)) is not None:
-        return error_response(400, f"Header {name[:40]!r} contains a line break.", "invalid_header")
+        return InvalidRequest(f"Header {name[:40]!r} contains a line break.", None, "invalid_header")
     if not request.path.startswith(GATED_PREFIXES):
         return None
     keys = access_keys(settings)
-    explicit = request.headers.get(PROXY_KEY_HEADER)
     if not keys:
-        return _without(request.headers, PROXY_KEY_HEADER) if explicit is not None else None
-    if not _matches(_presented_key(request.headers).strip(), keys):
-        return error_response(
-            401,
-            f"This proxy needs an access key: send it as 'Authorization: Bearer <key>' or '{PROXY_KEY_HEADER}'.",
-            "invalid_proxy_key",
+        return (_without(request.headers, PROXY_KEY_HEADER), "") if PROXY_KEY_HEADER in request.headers else None
+    key, carriers = _presented_key(request.headers, keys)
+    if not key:
+        return ProxyError(
+            f"This proxy needs an access key: send it as 'Authorization: Bearer <key>', 'x-api-key' or "
+            f"'{PROXY_KEY_HEADER}'.",
+            status=401,
+            code="invalid_proxy_key",
         )
-    if explicit is None and not settings.upstream.api_key_env:
-        return _without(request.headers, "Authorization")  # the proxy key is not the upstream's credential
-    return _without(request.headers, PROXY_KEY_HEADER) if explicit is not None else None
+    return _without(request.headers, *carriers), key  # the proxy key is not the upstream's credential
 
 
 def admin_denied(request: web.Request, settings: Settings) -> web.Response | None:
@@ -138,9 +146,10 @@ def admin_denied(request: web.Request, settings: Settings) -> web.Response | Non
     return error_response(403, "This route is only served to loopback clients.", "admin_loopback_only")
 
 
-def _without(headers: Headers, name: str) -> CIMultiDict[str]:
+def _without(headers: Headers, *names: str) -> CIMultiDict[str]:
     out = CIMultiDict(headers)
-    out.popall(name, None)
+    for name in names:
+        out.popall(name, None)
     return out
 
 
@@ -157,13 +166,12 @@ class AccessMiddleware:
         self.holder = holder
 
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        settings = self.holder.settings
-        verdict = check_request(request, settings)
-        if isinstance(verdict, web.Response):
-            return verdict
-        presented = _presented_key(request.headers) if access_keys(settings) else ""
+        verdict = check_request(request, self.holder.settings)
+        if isinstance(verdict, ProxyError):
+            raise verdict
         if verdict is not None:
-            request = request.clone(headers=verdict)
-        if presented:
-            request[CLIENT_CREDENTIAL] = presented.strip()  # sessions are scoped by who the client is
+            headers, presented = verdict
+            request = request.clone(headers=headers)
+            if presented:
+                request[CLIENT_CREDENTIAL] = presented  # sessions are scoped by who the client is
         return await handler(request)

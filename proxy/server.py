@@ -26,7 +26,8 @@ from proxy.access import (
 from proxy.app_keys import CONTEXT, ENGINE_THREAD, HOLDER, PARSES_BODIES, UPSTREAM
 from proxy.config import ConfigHolder
 from proxy.connections import ConnectionGuard, GuardedSite, raise_file_limit
-from proxy.errors import InvalidRequest, ProxyError, UpstreamError, error_response
+from proxy.dialects import MESSAGES
+from proxy.errors import ErrorShape, InvalidRequest, ProxyError, UpstreamError
 from proxy.logs import AcceptFailures, guarded_logger
 from proxy.metrics import METRICS
 from proxy.relay import relay
@@ -34,7 +35,7 @@ from proxy.request_body import BODY_BUDGET, BodyBudget, StreamedBody, max_body, 
 from proxy.rewrite import REWRITE_ROUTES, ROUTE_DIALECTS
 from proxy.seam import BodyParser, ContextService, PassthroughService
 from proxy.stream_ends import api_for_path
-from proxy.upstream import Upstream
+from proxy.upstream import Upstream, is_anthropic
 from proxy.websocket import is_websocket, websocket
 
 log = logging.getLogger("proxy.server")
@@ -148,18 +149,26 @@ async def _observed(request: web.Request, handler: Handler) -> web.StreamRespons
         return response
     except ProxyError as exc:
         status = str(exc.status)
-        dialect = ROUTE_DIALECTS.get(request.match_info.handler)
-        return exc.response(dialect.error_body if dialect is not None else None)
+        return exc.response(_error_shape(request))
     except web.HTTPException as exc:
         status = str(exc.status)
         if exc.status < 400:
             raise
-        return error_response(exc.status, exc.reason, headers={k: v for k, v in exc.headers.items() if k == "Allow"})
+        allow = {k: v for k, v in exc.headers.items() if k == "Allow"}
+        return ProxyError(exc.reason, status=exc.status, headers=allow).response(_error_shape(request))
     except Exception:
         status = "500"
         raise
     finally:
         REQUESTS.inc(route=label, status=status)
+
+
+def _error_shape(request: web.Request) -> ErrorShape | None:
+    """The route's API's error shape: its dialect's, Anthropic's for any request for Anthropic; else OpenAI's."""
+    dialect = ROUTE_DIALECTS.get(request.match_info.handler)
+    if dialect is None and is_anthropic(request.match_info.get("tail", ""), request.headers):
+        dialect = MESSAGES
+    return dialect.error_body if dialect is not None else None
 
 
 async def _reload_config(holder: ConfigHolder) -> None:

@@ -25,6 +25,7 @@ from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import CutCache
 from proxy.dialects import CHAT, Conversation, Dialect, Usage
+from proxy.dialects.base import writes_at
 from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
 from proxy.seam import PassthroughTurn
@@ -84,6 +85,12 @@ class _Inputs:
     cache_key: str | None = None  # the session id, for APIs that route their prompt cache by one
     cache_breakpoints: bool = False  # the dialect may add prompt-cache breakpoints ([anthropic] place_breakpoints)
 
+    @property
+    def epoch_model(self) -> ModelInfo:
+        """The model the epoch rule prices cache writes by: a client's 1-hour TTL makes them dearer than the table's."""
+        factor = self.conversation.cache_write_factor
+        return self.model if factor is None else writes_at(self.model, factor)
+
     def run(self, journal: Journal, correction: float) -> Outcome:
         conversation = self.conversation
         return process(
@@ -91,7 +98,7 @@ class _Inputs:
             conversation.messages,
             tools=conversation.tools,
             policy=self.policy,
-            model=self.model,
+            model=self.epoch_model,
             counter=self.counter,
             capsules=self.capsules,
             max_output_tokens=conversation.max_output_tokens,
@@ -158,8 +165,7 @@ class EngineTurn:
             body = self.dialect.render(body, conversation, out, outcome.sources)
         if self.inputs.cache_key:
             body = self.dialect.with_session(body, self.inputs.cache_key)
-        if self.inputs.cache_breakpoints:
-            body = self.dialect.with_cache_breakpoints(body)
+        body = self.dialect.with_cache_breakpoints(body, self.inputs.cache_breakpoints)
         self.body, self.strip_usage_chunk = self.dialect.with_usage_requested(body)
         self.unchanged = self.unchanged and self.body is self.client_body
         model = self.inputs.model
@@ -180,7 +186,7 @@ class EngineTurn:
         self.session.direct_prompt_tokens = direct_prompt
         stats = self.stats
         stats.prompt_tokens, stats.cached_tokens = usage.prompt, usage.cached
-        stats.cost_usd = input_cost_usd(model, usage.prompt, usage.cached, usage.written)
+        stats.cost_usd = usage.cost_usd(model)
         stats.direct_cost_usd = input_cost_usd(model, direct_prompt, direct_cached)
         self.session.cost_usd += stats.cost_usd
         self.session.direct_cost_usd += stats.direct_cost_usd

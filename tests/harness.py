@@ -41,12 +41,15 @@ def closed_port() -> int:
 
 
 def make_settings(upstream_url: str, **sections: Any) -> Settings:
-    """Settings for tests: `server=`, `upstream=`, `state=`, `auth=` dicts override the defaults."""
+    """Settings for tests: `server=`, `upstream=`, `anthropic=`, `state=`, `auth=` dicts override the defaults."""
     settings = Settings(
         upstream=UpstreamConfig(base_url=upstream_url, connect_timeout_s=2, read_timeout_s=5),
         anthropic=AnthropicConfig(base_url=upstream_url.removesuffix("/v1")),  # one test upstream speaks every API
     )
-    classes = {"server": ServerConfig, "upstream": UpstreamConfig, "state": StateConfig, "auth": AuthConfig}
+    classes = {
+        "server": ServerConfig, "upstream": UpstreamConfig, "anthropic": AnthropicConfig, "state": StateConfig,
+        "auth": AuthConfig,
+    }  # fmt: skip
     for name, overrides in sections.items():
         if name == "policy":
             from proxy.context.policy import policy_from_dict

@@ -14,6 +14,7 @@ from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
 from proxy.access import check_request, exposure_problem
+from proxy.errors import ProxyError
 from proxy.simulator import SimulatorConfig
 from tests.harness import ENGINES, Rig, chat_body, is_openai_error, make_settings, start_rig
 
@@ -203,7 +204,7 @@ def test_binding_off_loopback_without_an_admin_token_is_reported(monkeypatch: py
 def test_line_breaks_in_header_values_are_refused(value: str) -> None:
     request = make_mocked_request("POST", "/v1/chat/completions", headers=CIMultiDict({"X-Custom": value}))
     verdict = check_request(request, make_settings("http://127.0.0.1:1/v1"))
-    assert isinstance(verdict, web.Response) and verdict.status == 400
+    assert isinstance(verdict, ProxyError) and verdict.status == 400
 
 
 @pytest.mark.parametrize(

@@ -27,16 +27,18 @@ SYSTEM = "You are a careful coding agent. " * 200  # over the 1,024-token minimu
 class Rig:
     def __init__(self, sim_runner: web.AppRunner, proxy_runner: web.AppRunner, port: int) -> None:
         self.sim_runner, self.proxy_runner, self.port = sim_runner, proxy_runner, port
+        self.sim_url = f"http://127.0.0.1:{sim_runner.addresses[0][1]}"  # Anthropic's base URL: without /v1
         self.clients: list[anthropic.AsyncAnthropic] = []
 
     @property
     def sim(self) -> Simulator:
         return self.sim_runner.app[SIMULATOR]
 
-    def client(self, session: str | None = None, **kwargs: Any) -> anthropic.AsyncAnthropic:
-        path = f"/s/{session}" if session else ""
+    def client(self, session: str | None = None, *, direct: bool = False, **kwargs: Any) -> anthropic.AsyncAnthropic:
+        """A client of the proxy (at `/s/{session}` if named), or (`direct`) of the simulator itself."""
+        base = self.sim_url if direct else f"http://127.0.0.1:{self.port}" + (f"/s/{session}" if session else "")
         kwargs.setdefault("api_key", "sk-ant-client")
-        client = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{self.port}{path}", max_retries=0, **kwargs)
+        client = anthropic.AsyncAnthropic(base_url=base, max_retries=0, **kwargs)
         self.clients.append(client)
         return client
 
@@ -46,11 +48,12 @@ async def messages_rig(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
     runners: list[web.AppRunner] = []
     rigs: list[Rig] = []
 
-    async def make(key_env: str = "", **policy: Any) -> Rig:
+    async def make(key_env: str = "", place_breakpoints: bool = True) -> Rig:
         sim_runner, sim_url = await start_simulator(SimulatorConfig(record_limit=50))
         runners.append(sim_runner)
         settings = load_settings(upstream_url=sim_url, anthropic_url=sim_url.removesuffix("/v1"))
-        settings = replace(settings, anthropic=replace(settings.anthropic, api_key_env=key_env), path="")
+        config = replace(settings.anthropic, api_key_env=key_env, place_breakpoints=place_breakpoints)
+        settings = replace(settings, anthropic=config, path="")
         holder = ConfigHolder(settings)
         proxy_runner, port = await server.start(holder, context=build_context_service(holder))
         runners.append(proxy_runner)

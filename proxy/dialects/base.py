@@ -16,12 +16,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from proxy.context.economics import input_cost_usd
+from proxy.context.policy import ModelInfo
 from proxy.context.tokens import canonical_bytes
 
 Message = dict[str, Any]
+HOUR_WRITE_FACTOR = 2.0  # Anthropic bills a cache write kept for 1 hour at twice the input price
+
+
+def writes_at(model: ModelInfo, factor: float) -> ModelInfo:
+    """The model with cache writes at `factor` times its input price (the table's is Anthropic's 5-minute one)."""
+    return replace(model, cache_write_per_mtok=factor * model.input_per_mtok)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +39,13 @@ class Usage:
     prompt: int  # every input token billed (Anthropic: input + cache writes + cache reads)
     cached: int = 0  # read from the prompt cache, at the cached price
     written: int = 0  # written to the prompt cache (Anthropic), at the write price
+    written_1h: int = 0  # of `written`, what is kept for 1 hour (Anthropic's `ttl: "1h"`), at twice the input price
+
+    def cost_usd(self, model: ModelInfo) -> float:
+        """What this input cost at `model`'s prices, 1-hour cache writes at the 1-hour price."""
+        hour = min(self.written_1h, self.written)
+        rest = input_cost_usd(model, self.prompt - hour, self.cached, self.written - hour)
+        return rest + input_cost_usd(writes_at(model, HOUR_WRITE_FACTOR), hour, 0, hour)
 
 
 @dataclass
@@ -43,6 +58,9 @@ class Conversation:
     max_output_tokens: int | None = None
     model: str = ""
     groups: list[Any] = field(default_factory=list)  # adapter-private, one per engine message
+    # The client asked for cache writes at this multiple of the input price (Anthropic's 1-hour TTL: 2); None: the
+    # model table's write price. The epoch rule prices the re-written tail by it.
+    cache_write_factor: float | None = None
 
 
 def group_digest(value: Any) -> bytes:
@@ -109,8 +127,9 @@ class Dialect(Protocol):
         """The body asking the upstream to report usage, and whether the client must not see that report."""
         ...
 
-    def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The body with the proxy's prompt-cache breakpoints (Anthropic's `cache_control`); else `body`."""
+    def with_cache_breakpoints(self, body: dict[str, Any], place: bool) -> dict[str, Any]:
+        """The body within the API's breakpoint limit and (`place`) with the proxy's own prompt-cache breakpoints
+        (Anthropic's `cache_control`); else `body`."""
         ...
 
     def usage(self, payloads: Sequence[Mapping[str, Any]]) -> Usage | None:

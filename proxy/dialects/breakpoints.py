@@ -2,53 +2,130 @@
 
 A client that marks none gets three: the system prompt, the last message (what this turn
 writes, so the next one reads it) and the frontier. A client that marks its own keeps them
-all and gets the frontier if a slot is free. The frontier is the end of the assistant turn
+and gets the frontier if a slot is free. The frontier is the end of the assistant turn
 before the oldest tool result the engine has not cleared: the prefix up to there is written
 every turn, so when an edit epoch clears from there on, the request reads everything before
 it from the cache and rewrites only what follows (the cost the epoch rule counts).
+
+A client that marks more than 4 (the API refuses the request) keeps its last 4 in the order
+the cache reads them (tools, system, messages): the last marks cache the longest prefixes,
+and the last one writes what the next turn reads. A mark the proxy adds before a client's
+1-hour mark asks for 1 hour too (the API takes 1-hour marks only before 5-minute ones).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from proxy.context.clearing import PLACEHOLDER
 
 MAX_BREAKPOINTS = 4
 EPHEMERAL = {"type": "ephemeral"}
+ONE_HOUR = {"type": "ephemeral", "ttl": "1h"}
 UNMARKABLE = frozenset({"thinking", "redacted_thinking"})  # the API refuses cache_control on these
 FRONTIER_MIN_CHARS = 400  # a tool result shorter than this is never cleared (policy keep_under), so no frontier
 NEAR_END = 3  # a frontier this close to the last message adds nothing: the last breakpoint's lookback covers it
+
+# A block's replacement, or None to leave it as it is.
+Visit = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
 def _blocks(content: Any) -> list[Any]:
     return [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
 
 
+def _visit_list(items: Any, visit: Visit) -> list[Any] | None:
+    """A list of blocks with `visit`'s replacements, or None when none changed (or `items` is no list)."""
+    if not isinstance(items, list):
+        return None
+    out: list[Any] | None = None
+    for j, item in enumerate(items):
+        new = _visit_block(item, visit) if isinstance(item, dict) else None
+        if new is not None:
+            out = out if out is not None else list(items)
+            out[j] = new
+    return out
+
+
+def _visit_block(block: dict[str, Any], visit: Visit) -> dict[str, Any] | None:
+    """The blocks inside a block (a tool result's) come before its end, so they are visited first."""
+    inner = _visit_list(block.get("content"), visit)
+    own = {**block, "content": inner} if inner is not None else block
+    new = visit(own)
+    return new if new is not None else (own if inner is not None else None)
+
+
+def _visit(body: dict[str, Any], visit: Visit) -> dict[str, Any]:
+    """`body` with `visit` applied to every block that may carry a breakpoint, in the order the cache reads them.
+
+    Only what changed is copied: the client's body is never edited in place.
+    """
+    out = body
+    for key in ("tools", "system"):
+        if (new := _visit_list(body.get(key), visit)) is not None:
+            out = {**out, key: new}
+    messages: list[Any] | None = None
+    for i, message in enumerate(body.get("messages") or []):
+        content = _visit_list(message.get("content"), visit) if isinstance(message, dict) else None
+        if content is not None:
+            messages = messages if messages is not None else list(body["messages"])
+            messages[i] = {**message, "content": content}
+    return out if messages is None else {**out, "messages": messages}
+
+
+def marks(body: dict[str, Any]) -> list[Any]:
+    """The request's `cache_control` values in the order the cache reads them: tools, system, messages."""
+    found: list[Any] = []
+
+    def collect(block: dict[str, Any]) -> None:
+        if "cache_control" in block:
+            found.append(block["cache_control"])
+
+    _visit(body, collect)
+    return found
+
+
 def count(body: dict[str, Any]) -> int:
     """Breakpoints in the request: on tools, system blocks, message blocks and blocks inside tool results."""
-    marks = sum(1 for tool in body.get("tools") or [] if isinstance(tool, dict) and "cache_control" in tool)
-    blocks = _blocks(body.get("system")) if isinstance(body.get("system"), list) else []
-    for message in body["messages"]:
-        content = message.get("content")
-        blocks += content if isinstance(content, list) else []
-    for block in blocks:
-        if isinstance(block, dict):
-            marks += "cache_control" in block
-            inner = block.get("content")
-            marks += (
-                sum(1 for b in inner if isinstance(b, dict) and "cache_control" in b) if isinstance(inner, list) else 0
-            )
-    return marks
+    return len(marks(body))
 
 
-def _mark(content: Any) -> list[Any] | None:
-    """The content with its last markable block marked, or None when no block can carry a breakpoint."""
+def is_one_hour(control: Any) -> bool:
+    return isinstance(control, dict) and control.get("ttl") == "1h"
+
+
+def last_is_one_hour(body: dict[str, Any]) -> bool:
+    """Whether the request's last breakpoint asks for the 1-hour TTL: what an edit re-writes is then kept 1 hour."""
+    found = marks(body)
+    return bool(found) and is_one_hour(found[-1])
+
+
+def capped(body: dict[str, Any]) -> dict[str, Any]:
+    """The body with at most 4 breakpoints: the first ones beyond that lose their mark (a new dict if any did)."""
+    excess = count(body) - MAX_BREAKPOINTS
+    if excess <= 0:
+        return body
+
+    def unmark(block: dict[str, Any]) -> dict[str, Any] | None:
+        nonlocal excess
+        if excess <= 0 or "cache_control" not in block:
+            return None
+        excess -= 1
+        return {k: v for k, v in block.items() if k != "cache_control"}
+
+    return _visit(body, unmark)
+
+
+def _mark(content: Any, control: dict[str, str]) -> list[Any] | None:
+    """The content with its last markable block marked, or None when it cannot or does already carry one."""
     blocks = _blocks(content)
     for j in range(len(blocks) - 1, -1, -1):
         block = blocks[j]
         if isinstance(block, dict) and block.get("type") not in UNMARKABLE:
-            blocks[j] = {**block, "cache_control": EPHEMERAL}
+            if "cache_control" in block:
+                return None
+            blocks[j] = {**block, "cache_control": control}
             return blocks
     return None
 
@@ -68,21 +145,23 @@ def frontier(messages: list[Any]) -> int | None:
     return None
 
 
-def with_breakpoints(body: dict[str, Any]) -> dict[str, Any]:
-    """The body with the proxy's breakpoints added where slots are free (a new dict; the client's is untouched)."""
+def with_breakpoints(body: dict[str, Any], place: bool = True) -> dict[str, Any]:
+    """The body with at most 4 breakpoints and (`place`) the proxy's where slots are free; the client's is untouched."""
+    body = capped(body)
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
+    if not place or not isinstance(messages, list) or not messages:
         return body
-    marks = count(body)
+    taken = count(body)
     wanted = (
-        [] if marks >= MAX_BREAKPOINTS else ([frontier(messages)] if marks else [frontier(messages), len(messages) - 1])
+        [] if taken >= MAX_BREAKPOINTS else [frontier(messages)] if taken else [frontier(messages), len(messages) - 1]
     )
     out = dict(body)
-    if not marks and body.get("system") and (system := _mark(body["system"])) is not None:
+    if not taken and body.get("system") and (system := _mark(body["system"], EPHEMERAL)) is not None:
         out["system"] = system
     marked = list(messages)
     for i in {i for i in wanted if i is not None}:
-        content = _mark(marked[i].get("content"))
+        later = any(is_one_hour(c) for c in marks({"messages": messages[i + 1 :]}))
+        content = _mark(marked[i].get("content"), ONE_HOUR if later else EPHEMERAL)
         if content is not None:
             marked[i] = {**marked[i], "content": content}
     out["messages"] = marked

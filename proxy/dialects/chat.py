@@ -79,7 +79,7 @@ class ChatDialect:
     def with_session(self, body: dict[str, Any], session_id: str) -> dict[str, Any]:
         return body
 
-    def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
+    def with_cache_breakpoints(self, body: dict[str, Any], place: bool) -> dict[str, Any]:
         return body  # OpenAI caches every prefix by itself
 
     def with_usage_requested(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:

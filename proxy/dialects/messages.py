@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 
 from proxy.context.messages import content_text
-from proxy.dialects.base import Conversation, Message, Usage, group_digest, opaque, whole_count
-from proxy.dialects.breakpoints import with_breakpoints
+from proxy.dialects.base import HOUR_WRITE_FACTOR, Conversation, Message, Usage, group_digest, opaque, whole_count
+from proxy.dialects.breakpoints import last_is_one_hour, with_breakpoints
 from proxy.errors import InvalidRequest
 from proxy.stream_ends import anthropic_error_body
 
@@ -180,6 +180,7 @@ class MessagesDialect:
             max_output_tokens=whole_count(body.get("max_tokens")),
             model=str(body.get("model") or ""),
             groups=groups,
+            cache_write_factor=HOUR_WRITE_FACTOR if last_is_one_hour(dict(body)) else None,
         )
 
     def render(
@@ -237,12 +238,16 @@ class MessagesDialect:
     def with_session(self, body: dict[str, Any], session_id: str) -> dict[str, Any]:
         return body  # Anthropic's cache is addressed by breakpoints, not by a key
 
-    def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
-        return with_breakpoints(body)
+    def with_cache_breakpoints(self, body: dict[str, Any], place: bool) -> dict[str, Any]:
+        return with_breakpoints(body, place)
 
     def usage(self, payloads: Sequence[Mapping[str, Any]]) -> Usage | None:
-        """`message_start` then `message_delta` (the later, when it has the input counts, wins), or the JSON body."""
+        """`message_start` then `message_delta` (the later, when it has the input counts, wins), or the JSON body.
+
+        `cache_creation` splits the writes by TTL; a later payload without it keeps the earlier one's split.
+        """
         found: Usage | None = None
+        hour = 0
         for payload in payloads:
             message = payload.get("message")
             usage = (message if isinstance(message, dict) else payload).get("usage")
@@ -250,7 +255,10 @@ class MessagesDialect:
                 continue
             read = whole_count(usage.get("cache_read_input_tokens")) or 0
             written = whole_count(usage.get("cache_creation_input_tokens")) or 0
-            found = Usage(usage["input_tokens"] + read + written, read, written)
+            split = usage.get("cache_creation")
+            if isinstance(split, dict):
+                hour = whole_count(split.get("ephemeral_1h_input_tokens")) or 0
+            found = Usage(usage["input_tokens"] + read + written, read, written, min(hour, written))
         return found
 
     def stream_undecided(self, head: bytes) -> bool:

@@ -287,7 +287,7 @@ class ResponsesDialect:
         metadata = body.get("metadata")
         return header, body.get("prompt_cache_key"), metadata.get("session_id") if isinstance(metadata, dict) else None
 
-    def with_cache_breakpoints(self, body: dict[str, Any]) -> dict[str, Any]:
+    def with_cache_breakpoints(self, body: dict[str, Any], place: bool) -> dict[str, Any]:
         return body  # OpenAI caches every prefix by itself
 
     def with_session(self, body: dict[str, Any], session_id: str) -> dict[str, Any]:

@@ -72,22 +72,23 @@ def _block_text(block: dict[str, Any]) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class Position:
-    """A block boundary: the prefix up to it (digest, tokens), and its breakpoint's TTL ("" when none)."""
+    """A block boundary: the prefix up to it (digest, tokens), its breakpoint's TTL ("" when none), where it is."""
 
     digest: bytes
     tokens: int
     ttl: str
+    where: str = ""  # the block's path in the request, as the API's errors name it: "messages.3.content.1"
 
 
-def _ordered_blocks(body: dict[str, Any]) -> Iterator[tuple[dict[str, Any], int]]:
-    """Every cacheable unit in the order the cache sees them (tools, system, messages), with framing tokens."""
-    for tool in body.get("tools") or []:
-        yield tool, 8
-    for block in blocks_of(body.get("system")):
-        yield block, 0
-    for message in body["messages"]:
+def _ordered_blocks(body: dict[str, Any]) -> Iterator[tuple[dict[str, Any], int, str]]:
+    """Every cacheable unit in the order the cache sees them (tools, system, messages), framing tokens, its path."""
+    for k, tool in enumerate(body.get("tools") or []):
+        yield tool, 8, f"tools.{k}"
+    for k, block in enumerate(blocks_of(body.get("system"))):
+        yield block, 0, f"system.{k}"
+    for i, message in enumerate(body["messages"]):
         for k, block in enumerate(blocks_of(message.get("content"))):
-            yield block, (4 if k == 0 else 1)
+            yield block, (4 if k == 0 else 1), f"messages.{i}.content.{k}"
 
 
 def measure(body: dict[str, Any], ratio: float) -> tuple[int, list[Position]]:
@@ -95,7 +96,7 @@ def measure(body: dict[str, Any], ratio: float) -> tuple[int, list[Position]]:
     counter = counter_for("o200k_base")
     running = hashlib.blake2b(str(body.get("model")).encode(), digest_size=16)
     total, chain = 0, []
-    for block, framing in _ordered_blocks(body):
+    for block, framing, where in _ordered_blocks(body):
         if not isinstance(block, dict):
             continue
         if "input_schema" in block:  # a tool: counted by its whole definition
@@ -106,12 +107,26 @@ def measure(body: dict[str, Any], ratio: float) -> tuple[int, list[Position]]:
         running.update(canonical_bytes({k: v for k, v in block.items() if k != "cache_control"}))
         control = block.get("cache_control")
         ttl = (control.get("ttl") or "5m") if isinstance(control, dict) else ""
-        chain.append(Position(running.digest(), total, ttl))
+        chain.append(Position(running.digest(), total, ttl, where))
     return total + 4, chain
 
 
 def breakpoints(chain: list[Position]) -> list[int]:
     return [i for i, position in enumerate(chain) if position.ttl]
+
+
+def ttl_order_problem(chain: list[Position]) -> str | None:
+    """Anthropic's 400 for a 1-hour breakpoint after a 5-minute one, in the order the cache reads blocks."""
+    short = False
+    for position in chain:
+        if position.ttl == "1h" and short:
+            return (
+                f"{position.where}.cache_control.ttl: a ttl='1h' cache_control block must not come after a ttl='5m' "
+                "cache_control block. Note that blocks are processed in the following order: `tools`, `system`, "
+                "`messages`."
+            )
+        short = short or position.ttl == "5m"
+    return None
 
 
 def lookup_positions(chain: list[Position]) -> list[Position]:

@@ -2,8 +2,9 @@
 
 Refusals carry the real API's wording (Claude Code matches on it): a `tool_use` without its
 `tool_result`, a `tool_result` without its `tool_use`, a thinking block whose signature the
-simulator did not issue, more than 4 cache breakpoints, and `prompt is too long`. Usage bills
-cache writes and reads by the request's breakpoints (`blocks`).
+simulator did not issue, more than 4 cache breakpoints, a 1-hour breakpoint after a 5-minute one, and
+`prompt is too long`. Usage bills cache writes and reads by the request's breakpoints (`blocks`), the writes
+split by TTL in `cache_creation` (JSON and `message_start`; `message_delta` carries only the totals).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from proxy.simulator.blocks import (
     lookup_positions,
     measure,
     sign,
+    ttl_order_problem,
     verify,
     written,
 )
@@ -160,6 +162,8 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         return anthropic_error(
             400, f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {marks}."
         )
+    if problem := ttl_order_problem(chain):
+        return anthropic_error(400, problem)
     window = sim.config.window(body["model"])
     if prompt > window:
         sim.totals.refused += 1

@@ -1,0 +1,176 @@
+"""Anthropic cache breakpoints through the proxy: at most 4 go upstream, the 1-hour TTL's order and its price.
+
+The official `anthropic` SDK is the client, the simulator is Anthropic (it refuses more than 4 breakpoints
+and a 1-hour breakpoint after a 5-minute one, in the real API's words, and splits writes by TTL in usage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import anthropic
+import pytest
+
+from proxy.context.clearing import PLACEHOLDER
+from tests.test_messages_http import SYSTEM, Rig, messages_rig
+
+__all__ = ["messages_rig"]  # the fixture this module uses
+
+FIVE_MINUTES = {"type": "ephemeral"}
+ONE_HOUR = {"type": "ephemeral", "ttl": "1h"}
+# claude-* in the packaged model table, USD per million tokens: input, 5-minute write (1.25x), 1-hour write (2x), read.
+INPUT, WRITE_5M, WRITE_1H, READ = 3.00, 3.75, 6.00, 0.30
+
+
+async def turn_costs(rig: Rig, session: str) -> list[Any]:
+    """`cost_usd` of each turn in `GET /sessions/{id}`, once every turn's usage is recorded (it is recorded as the
+    answer's last bytes go out, so it may lag the client by a moment)."""
+    url = f"http://127.0.0.1:{rig.port}/sessions/{session}"
+    costs: list[Any] = [None]
+    for _ in range(500):
+        async with aiohttp.ClientSession() as http, http.get(url) as response:
+            costs = [turn["cost_usd"] for turn in (await response.json())["turn_details"]]
+        if None not in costs:
+            break
+        await asyncio.sleep(0.01)
+    return costs
+
+
+def marked(body: dict[str, Any]) -> dict[str, Any]:
+    """Where the body carries `cache_control`, in the order the API reads blocks: tools, system, messages."""
+    found = {f"tools.{k}": t["cache_control"] for k, t in enumerate(body.get("tools") or []) if "cache_control" in t}
+    system = body.get("system")
+    for k, block in enumerate(system if isinstance(system, list) else []):
+        if "cache_control" in block:
+            found[f"system.{k}"] = block["cache_control"]
+    for i, message in enumerate(body["messages"]):
+        for k, block in enumerate(message["content"] if isinstance(message["content"], list) else []):
+            if "cache_control" in block:
+                found[f"messages.{i}.content.{k}"] = block["cache_control"]
+    return found
+
+
+def _tool_loop(turns: int, output: str) -> list[dict[str, Any]]:
+    """A task, then `turns` tool calls each answered by `output`."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test in utils.py."}]
+    for k in range(turns):
+        call = {"type": "tool_use", "id": f"toolu_{k:03d}", "name": "bash", "input": {"command": f"cat f{k}.py"}}
+        messages.append({"role": "assistant", "content": [call]})
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{k:03d}", "content": f"{k}: {output}"}
+        messages.append({"role": "user", "content": [result]})
+    return messages
+
+
+def _six_breakpoints() -> dict[str, Any]:
+    tool = {"name": "bash", "description": "Run a command.", "input_schema": {"type": "object"}}
+    return {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 64,
+        "tools": [{**tool, "cache_control": FIVE_MINUTES}],
+        "system": [
+            {"type": "text", "text": "You are a coding agent.", "cache_control": FIVE_MINUTES},
+            {"type": "text", "text": SYSTEM, "cache_control": FIVE_MINUTES},
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Fix it.", "cache_control": FIVE_MINUTES}]},
+            {"role": "assistant", "content": "On it."},
+            {"role": "user", "content": [
+                {"type": "text", "text": "The test is test_utils.py.", "cache_control": FIVE_MINUTES},
+                {"type": "text", "text": "Go on.", "cache_control": FIVE_MINUTES},
+            ]},
+        ],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("place_breakpoints", [True, False], ids=["placing", "not-placing"])
+async def test_more_than_four_client_breakpoints_go_upstream_as_the_last_four(
+    messages_rig: Any, place_breakpoints: bool
+) -> None:
+    rig = await messages_rig(place_breakpoints=place_breakpoints)
+    body = _six_breakpoints()
+    with pytest.raises(anthropic.BadRequestError) as refused:  # what the client would meet without the proxy
+        await rig.client("direct", direct=True).messages.create(**body)
+    assert "A maximum of 4 blocks with cache_control" in refused.value.body["error"]["message"]
+    reply = await rig.client("six").messages.create(**body)
+    assert reply.stop_reason == "end_turn"
+    sent = rig.sim.requests[-1].body
+    assert list(marked(sent)) == ["system.1", "messages.0.content.0", "messages.2.content.0", "messages.2.content.1"]
+    assert sent["tools"][0] == {k: v for k, v in body["tools"][0].items() if k != "cache_control"}
+    assert sent["system"][0] == {"type": "text", "text": "You are a coding agent."}
+    assert sent["messages"] == body["messages"]  # the kept marks as the client sent them
+
+
+async def test_the_proxys_mark_before_a_client_one_hour_mark_asks_for_one_hour(messages_rig: Any) -> None:
+    """The API refuses a 1-hour breakpoint after a 5-minute one: the frontier the proxy adds must not be 5 minutes."""
+    rig = await messages_rig()
+    messages = _tool_loop(6, "x = 1\n" * 100)
+    messages[-1]["content"][-1]["cache_control"] = ONE_HOUR
+    system = [{"type": "text", "text": SYSTEM, "cache_control": ONE_HOUR}]
+    reply = await rig.client("hour").messages.create(
+        model="claude-sonnet-4-5", max_tokens=64, system=system, messages=messages
+    )
+    assert reply.stop_reason == "end_turn"
+    sent = marked(rig.sim.requests[-1].body)
+    assert sent == {"system.0": ONE_HOUR, "messages.1.content.0": ONE_HOUR, "messages.12.content.0": ONE_HOUR}
+
+
+async def test_the_proxys_mark_after_the_last_one_hour_mark_stays_five_minutes(messages_rig: Any) -> None:
+    """A system prompt kept for an hour and a conversation for 5 minutes: the frontier is written at 5 minutes."""
+    rig = await messages_rig()
+    messages = _tool_loop(6, "x = 1\n" * 100)
+    messages[-1]["content"][-1]["cache_control"] = FIVE_MINUTES
+    system = [{"type": "text", "text": SYSTEM, "cache_control": ONE_HOUR}]
+    client = rig.client("hybrid")
+    await client.messages.create(model="claude-sonnet-4-5", max_tokens=64, system=system, messages=messages)
+    sent = marked(rig.sim.requests[-1].body)
+    assert sent == {"system.0": ONE_HOUR, "messages.1.content.0": FIVE_MINUTES, "messages.12.content.0": FIVE_MINUTES}
+
+
+def _expected_cost(usage: Any) -> float:
+    hour = usage.cache_creation.ephemeral_1h_input_tokens
+    five = usage.cache_creation.ephemeral_5m_input_tokens
+    assert hour + five == usage.cache_creation_input_tokens
+    paid = usage.input_tokens * INPUT + five * WRITE_5M + hour * WRITE_1H + usage.cache_read_input_tokens * READ
+    return paid / 1e6
+
+
+async def test_one_hour_cache_writes_are_billed_at_twice_the_input_price(messages_rig: Any) -> None:
+    rig = await messages_rig()
+    client = rig.client("billed")
+    system = [{"type": "text", "text": SYSTEM, "cache_control": ONE_HOUR}]
+    question = "Summarise the repository layout. " * 60  # past the hour's mark: written for 5 minutes
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": question, "cache_control": FIVE_MINUTES}]}
+    ]
+    first = await client.messages.create(model="claude-sonnet-4-5", max_tokens=64, system=system, messages=messages)
+    assert first.usage.cache_creation.ephemeral_1h_input_tokens > 1024
+    assert first.usage.cache_creation.ephemeral_5m_input_tokens > 0
+    messages += [{"role": "assistant", "content": first.content[0].text}, {"role": "user", "content": "And tests?"}]
+    async with client.messages.stream(
+        model="claude-sonnet-4-5", max_tokens=64, system=system, messages=messages
+    ) as stream:  # the split comes in message_start; message_delta repeats only the totals
+        second = await stream.get_final_message()
+    assert second.usage.cache_read_input_tokens > 0
+
+    costs = await turn_costs(rig, "billed")
+    assert costs == [pytest.approx(_expected_cost(first.usage)), pytest.approx(_expected_cost(second.usage))]
+
+
+async def test_a_one_hour_last_breakpoint_makes_clearing_wait_for_a_bigger_saving(messages_rig: Any) -> None:
+    """An epoch re-writes the tail after its first edit: at the 1-hour price (2x input) the same clearing that pays
+    at the 5-minute price (1.25x) does not pay yet."""
+    rig = await messages_rig()
+    cleared = {}
+    for name, control in (("five", FIVE_MINUTES), ("hour", ONE_HOUR)):
+        messages = _tool_loop(13, "x = 1\n" * 200)
+        messages[-1]["content"][-1]["cache_control"] = control
+        raw = await rig.client(name).messages.with_raw_response.create(
+            model="claude-sonnet-4-5", max_tokens=64, messages=messages
+        )
+        sent = rig.sim.requests[-1].body["messages"]
+        results = [b for m in sent[2::2] for b in m["content"] if b["type"] == "tool_result"]
+        cleared[name] = (raw.headers["X-Context-Epoch"], sum(b["content"] == PLACEHOLDER for b in results))
+    assert cleared["five"][0] == "1" and cleared["five"][1] > 0
+    assert cleared["hour"] == ("0", 0)
