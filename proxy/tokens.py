@@ -10,7 +10,7 @@ from typing import Any
 import tiktoken
 
 from proxy.context.messages import message_digest
-from proxy.context.tokens import framing, message_text
+from proxy.context.tokens import framing, message_text, stated_tokens
 from proxy.encodings import get_encoding
 
 # Model name prefixes whose tokenizer is known; anything else takes the configured default.
@@ -78,7 +78,7 @@ class TokenCounter:
         cached = self._recall(key)
         if cached is not None:
             return cached
-        count = self.count_text(message_text(message)) + framing(message)
+        count = self.count_text(message_text(message)) + framing(message) + stated_tokens(message)
         self._remember(key, count)
         return count
 

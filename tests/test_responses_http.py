@@ -19,6 +19,7 @@ from proxy.context.clearing import PLACEHOLDER
 from proxy.context.policy import ModelInfo
 from proxy.simulator import SimulatorConfig
 from proxy.simulator.items import seal
+from proxy.tokens import counter_for
 from proxy.traces import load_trace
 from proxy.traces_responses import responses_requests
 from tests.conftest import MakeRig
@@ -163,6 +164,37 @@ async def test_the_simulator_refuses_an_output_without_its_call_and_an_altered_r
         for bad in ([user, output], [user, altered, call, output], [user, call, user], [user, reasoning, user]):
             with pytest.raises(openai.BadRequestError):
                 await client.responses.create(model="gpt-4o", input=bad)
+
+
+async def test_a_reasoning_item_is_billed_by_the_reasoning_it_seals_and_the_proxy_estimates_it_so(
+    engine_rig: Rig,
+) -> None:
+    """The upstream bills what the model reads (the sealed reasoning), not the base64 blob's characters, which
+    tokenize several times longer: the simulator bills so, and the proxy's estimate follows, not the blob."""
+    thought = "I should read the failing test before editing anything. " * 10
+    reasoning = [
+        {"type": "reasoning", "id": f"rs_{k}", "summary": [], "encrypted_content": seal(f"rs_{k}", thought)}
+        for k in range(20)
+    ]
+    steps = [
+        [{"type": "function_call", "call_id": f"c{k}", "name": "bash", "arguments": "{}"},
+         {"type": "function_call_output", "call_id": f"c{k}", "output": "ok"}]
+        for k in range(20)
+    ]  # fmt: skip
+    user = {"role": "user", "content": "Fix the failing test."}
+    bare = [user, *(item for step in steps for item in step)]
+    reasoned = [user, *(item for r, step in zip(reasoning, steps, strict=True) for item in (r, *step))]
+    counter = counter_for("o200k_base")
+    async with openai.AsyncOpenAI(base_url=engine_rig.sim_url, api_key="sk-x", max_retries=0) as direct:
+        without = (await direct.responses.create(model="gpt-4o", input=bare)).usage.input_tokens
+        with_reasoning = (await direct.responses.create(model="gpt-4o", input=reasoned)).usage.input_tokens
+    per_item = (with_reasoning - without) / len(reasoning)
+    assert per_item < 1.2 * counter.count_text(thought) + 10
+    assert per_item < 0.5 * counter.count_text(reasoning[0]["encrypted_content"])
+    async with sdk(engine_rig, "/s/sealed/v1") as client:
+        raw = await client.responses.with_raw_response.create(model="gpt-4o", input=reasoned)
+    estimate, billed = int(raw.headers["X-Context-Tokens-Before"]), raw.parse().usage.input_tokens
+    assert 0.8 * billed <= estimate <= 1.5 * billed  # calibration from usage corrects the rest
 
 
 async def test_server_side_history_is_forwarded_unedited_and_says_so(engine_rig: Rig) -> None:

@@ -51,6 +51,16 @@ def message_text(message: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def stated_tokens(message: dict[str, Any]) -> int:
+    """Tokens a dialect stated for content the engine cannot read (an opaque part's `tokens`)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return 0
+    return sum(
+        p["tokens"] for p in content if isinstance(p, dict) and isinstance(p.get("tokens"), int) and p["tokens"] > 0
+    )
+
+
 def framing(message: dict[str, Any]) -> int:
     """Tokens the chat template adds around one message."""
     extra = TOKENS_PER_NAME if message.get("name") else 0
@@ -67,7 +77,7 @@ class HeuristicCounter:
         return (len(text) + 3) // 4
 
     def count_message(self, message: dict[str, Any], digest: bytes | None = None) -> int:
-        return self.count_text(message_text(message)) + framing(message)
+        return self.count_text(message_text(message)) + framing(message) + stated_tokens(message)
 
 
 def canonical_bytes(value: Any) -> bytes:

@@ -68,9 +68,10 @@ def group_digest(value: Any) -> bytes:
     return hashlib.sha256(canonical_bytes(value)).digest()[:16]
 
 
-def opaque(text: str) -> list[dict[str, str]]:
-    """Content the engine counts by `text` but never edits (reasoning, thinking, a cached system prompt)."""
-    return [{"type": "opaque", "text": text}]
+def opaque(text: str, tokens: int = 0) -> list[dict[str, Any]]:
+    """Content the engine counts by `text` but never edits (reasoning, thinking, a cached system prompt),
+    plus `tokens` it cannot read but the model will (a sealed reasoning blob's estimate)."""
+    return [{"type": "opaque", "text": text, "tokens": tokens} if tokens else {"type": "opaque", "text": text}]
 
 
 def whole_count(value: Any) -> int | None:

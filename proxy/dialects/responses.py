@@ -32,6 +32,8 @@ from proxy.errors import InvalidRequest, error_body
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
+# base64 (4 characters per 3 bytes) of sealed text (about 4 bytes a token): ~5.3 characters a reasoning token.
+SEALED_CHARS_PER_TOKEN = 5
 # Events the API sends before it may still refuse a streamed request (context_length_exceeded).
 PRELUDE_EVENTS = (b"response.created", b"response.in_progress", b"response.queued")
 OVERFLOW_CODE = "context_length_exceeded"
@@ -75,16 +77,24 @@ def _parts_text(parts: Any) -> str | None:
 
 
 def _countable(item: Mapping[str, Any]) -> str:
-    """The text an opaque item is counted by: a reasoning item's summary and signed blob, else its JSON."""
+    """The text an opaque item is counted by: a reasoning item's summary (`_sealed_tokens` counts its blob), else
+    its JSON."""
     if _type(item) == "reasoning":
         summary = item.get("summary")
         texts = [p.get("text") for p in summary if isinstance(p, dict)] if isinstance(summary, list) else []
-        texts.append(item.get("encrypted_content"))
         return "\n".join(t for t in texts if isinstance(t, str))
     if _type(item) == "message":
         text = _parts_text(item.get("content"))
         return text if text is not None else orjson.dumps(item.get("content")).decode()
     return orjson.dumps(item).decode()
+
+
+def _sealed_tokens(items: Sequence[Mapping[str, Any]]) -> int:
+    """Our estimate of the reasoning tokens sealed in the items' `encrypted_content`: the upstream bills the
+    reasoning the blob carries, not the blob's own characters (base64 of ciphertext counts several times more
+    tokens than the text it seals). Usage calibration corrects what the estimate misses."""
+    blobs = [item.get("encrypted_content") for item in items if _type(item) == "reasoning"]
+    return sum(len(blob) // SEALED_CHARS_PER_TOKEN for blob in blobs if isinstance(blob, str))
 
 
 def _call(item: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,10 +114,10 @@ def _message(group: Group) -> Message:
     calls = [item for item in items if _is_call(item)]
     if calls:
         said = [item for item in items if not _is_call(item)]  # its reasoning and text: counted, never edited
-        content = opaque("\n".join(map(_countable, said))) if said else None
+        content = opaque("\n".join(map(_countable, said)), _sealed_tokens(said)) if said else None
         return {"role": "assistant", "content": content, "tool_calls": [_call(item) for item in calls]}
     if group.editable < 0:
-        return {"role": "assistant", "content": opaque("\n".join(map(_countable, items)))}
+        return {"role": "assistant", "content": opaque("\n".join(map(_countable, items)), _sealed_tokens(items))}
     item = items[group.editable]
     if _is_output(item):
         text = _parts_text(item.get("output"))

@@ -55,7 +55,7 @@ def _text(value: Any) -> str:
 
 
 def as_message(item: dict[str, Any]) -> dict[str, Any]:
-    """An item as a chat message, for the prefix-cache model's count (a reasoning item: its signed blob)."""
+    """An item as a chat message, for the prefix-cache model's count (a reasoning item: the text it seals)."""
     kind = item_type(item)
     if kind == "message":
         return {"role": str(item.get("role")), "content": _text(item.get("content"))}
@@ -65,9 +65,10 @@ def as_message(item: dict[str, Any]) -> dict[str, Any]:
         arguments = item.get("arguments", item.get("input", ""))
         function = {"name": str(item.get("name", kind)), "arguments": _text(arguments)}
         return {"role": "assistant", "content": None, "tool_calls": [{"id": item["call_id"], "function": function}]}
-    if kind == "reasoning":
+    if kind == "reasoning":  # billed by the reasoning it seals, as the API bills it, not by the blob's characters
         summary = _text(item.get("summary") or [])
-        return {"role": "assistant", "content": "\n".join(filter(None, (summary, item.get("encrypted_content"))))}
+        sealed = unseal(str(item.get("id")), item.get("encrypted_content")) or ""
+        return {"role": "assistant", "content": "\n".join(filter(None, (summary, sealed)))}
     return {"role": "user", "content": orjson.dumps(item).decode()}
 
 
