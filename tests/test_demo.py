@@ -98,7 +98,7 @@ async def test_a_direct_responses_replay_counts_streamed_refusals_as_failed_turn
 
 
 def test_the_demo_replays_the_responses_api_through_the_proxy(capsys):
-    assert main(["--api", "responses", "--turns", "50"]) == 0
+    assert main(["--api", "responses", "--turns", "60"]) == 0
     out = capsys.readouterr().out
     rows = {m[1].strip(): m[2].split() for m in re.finditer(r"^  (\S[\w ()-]+?)\s{2,}(.+)$", out, re.M)}
     direct_failed, proxy_failed = (int(n) for n in rows["turns failed (window)"])
