@@ -1,4 +1,4 @@
-"""`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|long-event`
+"""`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|hindsight|long-event`
 `|bodies|state|slow-clients [-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -98,6 +98,12 @@ def _slow_clients(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return slow_clients.run_slow_clients(), slow_clients.render
 
 
+def _hindsight(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import hindsight
+
+    return hindsight.run_hindsight(), hindsight.render
+
+
 def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import quality
 
@@ -122,6 +128,7 @@ COMMANDS: dict[str, Runner] = {
     "ab": _ab,
     "smoke": _smoke,
     "quality": _quality,
+    "hindsight": _hindsight,
     "long-event": _long_event,
     "bodies": _bodies,
     "slow-clients": _slow_clients,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.bodies import BodyMemos, Parsed
@@ -87,9 +87,12 @@ class _Inputs:
 
     @property
     def epoch_model(self) -> ModelInfo:
-        """The model the epoch rule prices cache writes by: a client's 1-hour TTL makes them dearer than the table's."""
-        factor = self.conversation.cache_write_factor
-        return self.model if factor is None else writes_at(self.model, factor)
+        """The model the epoch rule prices by: a client's 1-hour TTL makes writes dearer than the table's; an API
+        that reads the cache only at its marks (Anthropic) rewrites from the last mark before an edit."""
+        conversation, model = self.conversation, self.model
+        if conversation.marked_cache:
+            model = replace(model, marked_cache=True)
+        return model if conversation.cache_write_factor is None else writes_at(model, conversation.cache_write_factor)
 
     def run(self, journal: Journal, correction: float) -> Outcome:
         conversation = self.conversation

@@ -24,6 +24,9 @@ from proxy.context.policy import DEFAULT_ERROR_PATTERNS, ClearPolicy
 from proxy.context.tokens import Counter, HeuristicCounter
 
 PLACEHOLDER = "[output cleared to fit the context window; run the tool again if needed]"
+# An output sent with fewer characters than this is never worth clearing (the policy's `keep_under` is in tokens, and
+# larger): where a marked cache (`ModelInfo.marked_cache`) gets its mark, before the oldest longer one still sent.
+FRONTIER_MIN_CHARS = 400
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,9 @@ class ModelInfo:
     cache_write_per_mtok: float | None = None
     # Our token count times this until the upstream's usage taught the real ratio (no tokenizer for this model).
     estimate_margin: float = 1.0
+    # The upstream reads a cached prefix only where the last request marked one (Anthropic's breakpoints; the
+    # proxy marks the end of the prefix before the oldest long output still sent), not at any prefix (OpenAI).
+    marked_cache: bool = False
 
     @property
     def write_price(self) -> float:

@@ -61,6 +61,8 @@ class Conversation:
     # The client asked for cache writes at this multiple of the input price (Anthropic's 1-hour TTL: 2); None: the
     # model table's write price. The epoch rule prices the re-written tail by it.
     cache_write_factor: float | None = None
+    # The API reads a cached prefix only where the request marks one (Anthropic), not at any prefix.
+    marked_cache: bool = False
 
 
 def group_digest(value: Any) -> bytes:

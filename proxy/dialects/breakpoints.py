@@ -18,13 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from proxy.context.clearing import PLACEHOLDER
+from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER
 
 MAX_BREAKPOINTS = 4
 EPHEMERAL = {"type": "ephemeral"}
 ONE_HOUR = {"type": "ephemeral", "ttl": "1h"}
 UNMARKABLE = frozenset({"thinking", "redacted_thinking"})  # the API refuses cache_control on these
-FRONTIER_MIN_CHARS = 400  # a tool result shorter than this is never cleared (policy keep_under), so no frontier
 NEAR_END = 3  # a frontier this close to the last message adds nothing: the last breakpoint's lookback covers it
 
 # A block's replacement, or None to leave it as it is.

@@ -181,6 +181,7 @@ class MessagesDialect:
             model=str(body.get("model") or ""),
             groups=groups,
             cache_write_factor=HOUR_WRITE_FACTOR if last_is_one_hour(dict(body)) else None,
+            marked_cache=True,
         )
 
     def render(

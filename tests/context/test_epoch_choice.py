@@ -1,6 +1,8 @@
 """Which edits an epoch makes under a price model: the part of a clearing that pays most, dedup that rides
 on it, and a session's edits never more than a turn's bill behind sending the client's requests as they were."""
 
+from dataclasses import replace
+
 import pytest
 
 from proxy.context.clearing import PLACEHOLDER
@@ -80,3 +82,23 @@ def test_at_no_turn_do_the_edits_leave_a_session_more_than_a_turn_behind_direct(
         for k, (d, p) in enumerate(zip(direct, proxied, strict=True)):
             behind += p - d
             assert behind <= 1.1 * d, f"{name} turn {k}: {behind:.0f} billed tokens behind direct, a turn is {d:.0f}"
+
+
+def _clearing_starts(info, counter) -> list[int]:
+    """Where each clearing epoch of a long synthetic run starts clearing."""
+    full, journal, starts = agent(150, output_tokens=400), Journal(), []
+    for k in range(4, len(full) + 1, 2):
+        out = process(journal, full[:k], tools=None, policy=Policy(), model=info, counter=counter)
+        journal = out.journal
+        if out.report.epoch and out.report.cleared:
+            starts.append(min(i for i, m in enumerate(out.messages) if m.get("content") == PLACEHOLDER))
+    return starts
+
+
+def test_where_the_cache_is_read_only_at_its_marks_an_epoch_clears_from_the_oldest_long_output(real_counter):
+    """Anthropic reads the prefix up to the proxy's mark before the oldest long output still sent, not up to
+    any edit: clearing only newer outputs would rewrite as much and free less."""
+    anywhere = replace(model(128000, 0.1), cache_write_per_mtok=1.25)
+    assert _clearing_starts(anywhere, real_counter)[0] > 3
+    marked = _clearing_starts(replace(anywhere, marked_cache=True), real_counter)
+    assert marked and set(marked) == {3}

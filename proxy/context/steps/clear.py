@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from proxy.context.clearing import PLACEHOLDER, ClearPlan, ClearToolOutputs
+from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER, ClearPlan, ClearToolOutputs
 from proxy.context.draft import Draft
 from proxy.context.economics import epoch_cost, epoch_value, within_budget
 from proxy.context.journal import AS_SENT, CLEARED, DROPPED, Decision, TurnReport
-from proxy.context.messages import Message, is_tool_output, message_ids
+from proxy.context.messages import Message, content_text, is_tool_output, message_ids
 from proxy.context.recall import outputs_in_use
 from proxy.context.steps.base import Epoch
 from proxy.context.tokens import REPLY_PRIMING
@@ -69,9 +69,12 @@ class Clearing:
                 discount=d, tokens_after=after, first_changed=first, freed=freed, turns_so_far=turns, write=w
             )
 
+        floor = _frontier(draft, out) if draft.model.marked_cache else None
+
         def position(j: int) -> int:
-            """The token position where output message `j` starts (the tools schema comes first)."""
-            return draft.fixed - REPLY_PRIMING + sum(counts[:j])
+            """The token position where the rewrite of an edit at output message `j` starts: the message's own
+            (the tools schema comes first), or the frontier's, where a marked cache can read no further."""
+            return draft.fixed - REPLY_PRIMING + sum(counts[: j if floor is None else min(j, floor)])
 
         if not forced and value(freed, position(draft.where[newest])) <= 0:
             return None
@@ -137,6 +140,17 @@ def _spare_in_use(draft: Draft, plan: ClearPlan, visible: list[Message], digests
         return plan
     ids = message_ids(visible, digests)
     return ClearPlan(tuple(ids[i] for i in planned if i not in spared), freed)
+
+
+def _frontier(draft: Draft, out: list[Message]) -> int:
+    """The output index of the oldest tool output still sent with at least `FRONTIER_MIN_CHARS` characters
+    (`len(out)` when none): a marked cache reads the prefix before it, and the dialect marks it there."""
+    for i, j in enumerate(draft.where):
+        if j >= 0 and draft.journal.outputs[i]:
+            text = content_text(out[j])
+            if text is not None and text != PLACEHOLDER and len(text) >= FRONTIER_MIN_CHARS:
+                return j
+    return len(out)
 
 
 def _recent_output_tokens(draft: Draft) -> int:
