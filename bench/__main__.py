@@ -1,5 +1,5 @@
-"""`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|hindsight|long-event`
-`|bodies|state|slow-clients [-n N] [--ref REV] [--json FILE]`.
+"""`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|hindsight`
+`|long-event|bodies|state|slow-clients [-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
