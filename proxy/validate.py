@@ -63,12 +63,17 @@ def _check_message(index: int, message: Any) -> None:
         )
 
 
-def parse_chat_body(raw: bytes) -> dict[str, Any]:
-    """The parsed chat-completions body, or InvalidRequest naming what is wrong and where."""
+def json_body(raw: bytes) -> Any:
+    """The request body's JSON value, or InvalidRequest saying where it does not parse (every API's first check)."""
     try:
-        body = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}", None, "invalid_json") from exc
+
+
+def parse_chat_body(raw: bytes) -> dict[str, Any]:
+    """The parsed chat-completions body, or InvalidRequest naming what is wrong and where."""
+    body = json_body(raw)
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, got {_kind(body)}.", None, "invalid_type")
     if "messages" not in body:

@@ -23,6 +23,7 @@ from proxy.dialects.base import HOUR_WRITE_FACTOR, Conversation, Message, Usage,
 from proxy.dialects.breakpoints import last_is_one_hour, with_breakpoints
 from proxy.errors import InvalidRequest
 from proxy.stream_ends import anthropic_error_body
+from proxy.validate import json_body
 
 SYSTEM = -1  # the group of the engine message made from `system`
 TOOL_RESULT, TOOL_USE = "tool_result", "tool_use"
@@ -147,11 +148,7 @@ class MessagesDialect:
     upstream_path = "messages"
 
     def parse(self, raw: bytes) -> dict[str, Any]:
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(f"The request body is not valid JSON: {exc}.", None, "invalid_json") from exc
-        return _validate(body)
+        return _validate(json_body(raw))
 
     def unedited_reason(self, body: Mapping[str, Any]) -> str | None:
         return None

@@ -29,6 +29,7 @@ from proxy.context.messages import content_text
 from proxy.dialects.base import Conversation, Message, Usage, cached_usage, group_digest, opaque
 from proxy.dialects.chat import max_output_tokens
 from proxy.errors import InvalidRequest, error_body
+from proxy.validate import json_body
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -229,11 +230,7 @@ class ResponsesDialect:
     upstream_path = "responses"
 
     def parse(self, raw: bytes) -> dict[str, Any]:
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(f"The request body is not valid JSON: {exc}.", None, "invalid_json") from exc
-        return _check(body)
+        return _check(json_body(raw))
 
     def unedited_reason(self, body: Mapping[str, Any]) -> str | None:
         """The history lives on the server (`previous_response_id`, `conversation`) or in a stored prompt."""
