@@ -64,6 +64,7 @@ class SqliteStore(SessionStore):
         self.path = str(path)
         self.max_bytes = int(max_session_kb * 1024)
         self._queue: dict[str, Session | None] = {}
+        self._writing = 0  # sessions of the batch being written: pending until the write returns
         self._wake = threading.Condition()
         self._closed = False
         self._problem: str | None = None
@@ -80,9 +81,9 @@ class SqliteStore(SessionStore):
 
     @property
     def pending(self) -> int:
-        """Sessions queued and not yet written."""
+        """Sessions queued or being written, not yet known to be written."""
         with self._wake:
-            return len(self._queue)
+            return len(self._queue) + self._writing
 
     def save(self, session: Session) -> None:
         self._enqueue(session.id, session)
@@ -131,12 +132,14 @@ class SqliteStore(SessionStore):
                     self._wake.wait()
                 closing = self._closed
                 batch, self._queue = self._queue, {}
+                self._writing = len(batch)
             try:
                 if batch:
                     self._write(batch)
             except sqlite3.Error as exc:
                 with self._wake:  # keep what failed unless a newer state was queued meanwhile
                     self._queue = {**batch, **self._queue}
+                    self._writing = 0
                     self._failed(f"state file {self.path} not writable ({exc}); {len(self._queue)} sessions queued")
                     if not closing:
                         self._wake.wait(timeout=delay)
@@ -144,7 +147,8 @@ class SqliteStore(SessionStore):
             else:
                 if self._problem is not None:
                     log.warning("state file %s is writable again; the queued sessions are written", self.path)
-                self._problem, delay = None, _RETRY_S[0]
+                with self._wake:
+                    self._problem, self._writing, delay = None, 0, _RETRY_S[0]
             if closing:
                 self._db.close()
                 return
