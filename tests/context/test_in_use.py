@@ -48,3 +48,22 @@ def test_without_in_use_the_same_output_is_cleared():
 def test_an_output_quoted_only_before_the_last_six_messages_is_cleared():
     sent = run(steps=24, quoted_step=2, quote_from=3, quote_until=4)
     assert contents(sent)["c2"] == PLACEHOLDER
+
+
+def test_sparing_a_quoted_output_never_stops_an_epoch_that_pays():
+    """With cheap caching a clearing must free enough to repay its rewrite: when the quoted output is most
+    of what there is to clear, the rest alone would never pay, so the quoted one is cleared with it."""
+    model = ModelInfo(context_window=128000, input_per_mtok=1.0, cached_input_per_mtok=0.1)
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix the bug."}]
+    journal, sent = Journal(), []
+    for k in range(40):
+        text = "Looking at read_header_v2 again." if k > 2 else f"Step {k}."
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": text, "tool_calls": [call]})
+        quoted = "src/io_utils.py:88 def read_header_v2(raw): " + "x " * 12000
+        body = quoted if k == 2 else "x " * (1200 if k < 2 else 400)
+        messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": f"step {k} {body}"})
+        outcome = process(journal, list(messages), tools=None, policy=POLICY, model=model, counter=COUNTER)
+        journal, sent = outcome.journal, outcome.messages
+    out = contents(sent)
+    assert out["c0"] == out["c1"] == out["c2"] == PLACEHOLDER

@@ -63,7 +63,7 @@ class Clearing:
             costs more this turn than the session's edits have banked (`economics.within_budget`)."""
             after = total - freed
             cost = epoch_cost(d, after, first, freed, w)
-            if not within_budget(cost, draft.journal.banked, turn_bill):
+            if not within_budget(cost, draft.journal.banked, turn_bill, first=not draft.journal.epochs):
                 return -1.0
             return epoch_value(
                 discount=d, tokens_after=after, first_changed=first, freed=freed, turns_so_far=turns, write=w
@@ -80,9 +80,17 @@ class Clearing:
             return None
         clear = replace(ClearToolOutputs.from_policy(rules), keep_tokens=keep_tokens)
         visible, digests = draft.visible_output(out)
-        plan = _spare_in_use(draft, clear.plan(visible, draft.counter, digests), visible, digests)
+        whole = clear.plan(visible, draft.counter, digests)
+        plan = _spare_in_use(draft, whole, visible, digests)
         if plan.ids and not forced:
-            plan = _paying_part(draft, plan, visible, digests, lambda freed, j: value(freed, position(j)))
+
+            def paying(plan: ClearPlan) -> ClearPlan:
+                return _paying_part(draft, plan, visible, digests, lambda freed, j: value(freed, position(j)))
+
+            chosen = paying(plan)
+            if not chosen.ids and plan is not whole:
+                chosen = paying(whole)  # sparing what the agent quotes never stops an epoch that pays
+            plan = chosen
         if not plan.ids:
             if not forced:
                 draft.journal.unpaid_bound = freed
@@ -117,8 +125,8 @@ def _paying_part(
 
 def _spare_in_use(draft: Draft, plan: ClearPlan, visible: list[Message], digests: list[bytes]) -> ClearPlan:
     """The plan less the outputs the agent is still quoting (`recall.outputs_in_use`), newest first, up to
-    `in_use_tokens` of them and never so many that the rest frees under `clear_at_least`: sparing never
-    stops an epoch that would have run."""
+    `in_use_tokens` of them and never so many that the rest frees under `clear_at_least`; where the rest no
+    longer pays, `Clearing.plan` clears the plan whole: sparing never stops an epoch that would have run."""
     rules = draft.policy.clear_tool_outputs
     if not plan.ids or rules.in_use_turns <= 0 or rules.in_use_tokens <= 0:
         return plan
