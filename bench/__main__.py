@@ -1,5 +1,5 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|hindsight`
-`|long-event|bodies|state|slow-clients [-n N] [--ref REV] [--json FILE]`.
+`|epoch-rule|long-event|bodies|state|slow-clients [-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -104,6 +104,12 @@ def _hindsight(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return hindsight.run_hindsight(), hindsight.render
 
 
+def _epoch_rule(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import epoch_rule
+
+    return epoch_rule.run_epoch_rule(), epoch_rule.render
+
+
 def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import quality
 
@@ -129,6 +135,7 @@ COMMANDS: dict[str, Runner] = {
     "smoke": _smoke,
     "quality": _quality,
     "hindsight": _hindsight,
+    "epoch-rule": _epoch_rule,
     "long-event": _long_event,
     "bodies": _bodies,
     "slow-clients": _slow_clients,

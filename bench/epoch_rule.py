@@ -1,0 +1,124 @@
+"""The epoch rule's two guesses, measured: how many turns are still to come, and what an edit may risk.
+
+`economics.TURNS_TO_COME` (turns expected to come, as a share of those passed) and the budget
+(`economics.within_budget`: an allowance of one turn's bill, or more, on a session's first edit
+only, or on every edit as before) are replayed over the packaged and the held-out traces
+in-process, at 128k and d = 0.5 and 0.1 (at d = 1 every edit pays at once and neither guess
+matters), and over the packaged traces as Claude Code sends them (`bench anthropic`'s 200k run
+with its breakpoints: 1.25x writes, 0.1x reads). Each row: billed input vs direct over the set,
+the worst single trace (above 1: the proxy cost that session more than no proxy), and the lost
+rate of `bench quality` (OpenAI rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import aiohttp
+
+import proxy.context.economics as economics
+import proxy.context.steps.clear as clear_step
+from bench import anthropic
+from bench.quality import Score, Setting, held_out, measure
+from bench.stats import table
+from proxy.traces import load_trace
+from tests.context.replay import TRACE_NAMES
+
+# (turns to come per turn passed, turns' bills the allowance holds, whether every edit has it); first = shipped
+RULES = (
+    (1.0, 1, False),
+    (0.5, 1, False),
+    (1.5, 1, False),
+    (2.0, 1, False),
+    (0.5, 1, True),
+    (1.0, 1, True),
+    (1.0, 3, False),
+    (2.0, 3, False),
+)
+DISCOUNTS = (0.5, 0.1)
+
+
+@contextmanager
+def rule(turns_to_come: float, turns_at_risk: float, every_edit: bool) -> Iterator[None]:
+    """The engine with these guesses in place of its own, for one replay."""
+    saved = economics.TURNS_TO_COME, clear_step.within_budget
+
+    def budget(cost: float, banked: float, turn: float, first: bool = True) -> bool:
+        return saved[1](cost, banked, turns_at_risk * turn, first=first or every_edit)
+
+    economics.TURNS_TO_COME, clear_step.within_budget = turns_to_come, budget
+    try:
+        yield
+    finally:
+        economics.TURNS_TO_COME, clear_step.within_budget = saved
+
+
+async def _claude_code(names: list[str]) -> list[tuple[float, float]]:
+    """(direct, proxied) billed input per trace, sent as Claude Code sends Messages to a 200k model."""
+    sim_runner, sim_url = await anthropic.start_simulator(anthropic.SimulatorConfig(record_limit=4))
+    sim, base = sim_runner.app[anthropic.SIMULATOR], sim_url.removesuffix("/v1")
+    bills = []
+    try:
+        async with aiohttp.ClientSession() as client:
+            for name in names:
+                trace = load_trace(name)
+                sim.reset()
+                direct, _ = await anthropic.replay(client, base, trace, anthropic.BIG_MODEL, "claude-code", sim)
+                proxied, _ = await anthropic._proxied(client, base, trace, anthropic.BIG_MODEL, "claude-code", sim)
+                bills.append((direct.total, proxied.total))
+    finally:
+        await sim_runner.cleanup()
+    return bills
+
+
+def run_epoch_rule() -> dict[str, Any]:
+    from proxy.tokens import counter_for
+
+    counter = counter_for("o200k_base")
+    sets = {"packaged": [load_trace(n) for n in TRACE_NAMES], "held-out": [load_trace(p) for p in held_out()]}
+    rows = []
+    for turns_to_come, turns_at_risk, every_edit in RULES:
+        at = {"turns_to_come": turns_to_come, "risk": f"{turns_at_risk} on {'every' if every_edit else 'first'} edit"}
+        with rule(turns_to_come, turns_at_risk, every_edit):
+            bills = asyncio.run(_claude_code(list(TRACE_NAMES)))
+            direct = sum(d for d, _ in bills)
+            worst = max(p / d for d, p in bills)
+            rows.append({**at, "set": "packaged, Claude Code", "d": 0.1, "ratio": sum(p for _, p in bills) / direct,
+                         "worst": worst, "lost_rate": float("nan")})  # fmt: skip
+            for set_name, traces in sets.items():
+                for d in DISCOUNTS:
+                    score, billed, direct, worst = Score(), 0.0, 0.0, 0.0
+                    for trace in traces:
+                        m = measure(Setting("default"), trace, 128000, d, counter)
+                        score.add(m["score"])
+                        billed, direct = billed + m["billed"], direct + m["direct"]
+                        worst = max(worst, m["billed"] / m["direct"])
+                    rows.append(
+                        {
+                            **at,
+                            "set": set_name,
+                            "d": d,
+                            "ratio": billed / direct,
+                            "worst": worst,
+                            "lost_rate": score.rate,
+                        }
+                    )
+    return {"rows": rows}
+
+
+def render(result: dict[str, Any]) -> str:
+    header = ["turns to come", "turns' bills risked", "set", "d", "billed/direct", "worst trace", "lost rate"]
+    rows = [
+        [r["turns_to_come"], r["risk"], r["set"], r["d"], *(_cell(r[k]) for k in ("ratio", "worst", "lost_rate"))]
+        for r in result["rows"]
+    ]
+    title = "The epoch rule (128k, Claude Code 200k; default policy otherwise; the first block is the shipped rule):"
+    return title + "\n" + table(header, rows)
+
+
+def _cell(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3f}"
