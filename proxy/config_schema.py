@@ -75,6 +75,7 @@ RULES: dict[str, Any] = {
     "Policy.max_message_share": SHARE,
     "ModelInfo.context_window": Field(ge=1),
     "ModelInfo.encoding": Literal[tuple(PACKAGED_FILES)],
+    "ModelInfo.cache_ttl_s": Field(ge=0),
     "CapsuleSpec.confidence": Field(ge=0, le=1),
     "Settings.default_encoding": Literal[tuple(PACKAGED_FILES)],
 }

@@ -84,6 +84,7 @@ class _Inputs:
     cuts: CutCache
     cache_key: str | None = None  # the session id, for APIs that route their prompt cache by one
     cache_breakpoints: bool = False  # the dialect may add prompt-cache breakpoints ([anthropic] place_breakpoints)
+    cache_cold: bool = False  # the upstream's cache expired since the session's last request (`cache_is_cold`)
 
     @property
     def epoch_model(self) -> ModelInfo:
@@ -108,7 +109,17 @@ class _Inputs:
             correction=correction,
             digests=conversation.digests,
             cuts=self.cuts,
+            cache_cold=self.cache_cold,
         )
+
+
+def cache_is_cold(model: ModelInfo, conversation: Conversation, idle_s: float) -> bool:
+    """Whether the upstream has dropped the session's cached prefix: idle longer than the model's TTL (an hour
+    where the client marks a breakpoint for one). A model with no TTL is never assumed cold."""
+    if model.cache_ttl_s <= 0 or idle_s <= 0:
+        return False
+    ttl = max(model.cache_ttl_s, 3600) if conversation.cache_write_factor is not None else model.cache_ttl_s
+    return idle_s > ttl
 
 
 class EngineTurn:
@@ -298,6 +309,7 @@ class EngineService:
         model = settings.model(conversation.model)
         if model.pattern == "*":
             self._warn_fallback(conversation.model, model)
+        session = self.store.get(scoped_key(session_id, credential))
         inputs = _Inputs(
             dialect=dialect,
             conversation=conversation,
@@ -308,8 +320,8 @@ class EngineService:
             cuts=self.cuts,
             cache_key=session_id if settings.responses.set_prompt_cache_key else None,
             cache_breakpoints=settings.anthropic.place_breakpoints,
+            cache_cold=self.store.knows_idle and cache_is_cold(model, conversation, session.idle_s),
         )
-        session = self.store.get(scoped_key(session_id, credential))
         with session.lock:
             session.policy = policy.name
             correction = self.calibration.correction(conversation.model, session.correction, model.estimate_margin)

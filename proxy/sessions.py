@@ -153,6 +153,8 @@ class Session:
     turns: list[TurnStats] = field(default_factory=list)
     turn_count: int = 0
     last_seen: float = 0.0
+    # Seconds from the session's previous request to this one, by this process's clock (0: the first).
+    idle_s: float = 0.0
     # Upstream prompt tokens per token we estimated, as a context_length_exceeded retry taught it:
     # a floor under the model's learned ratio for this session (0 = nothing learned).
     correction: float = 0.0

@@ -174,3 +174,37 @@ async def test_a_one_hour_last_breakpoint_makes_clearing_wait_for_a_bigger_savin
         cleared[name] = (raw.headers["X-Context-Epoch"], sum(b["content"] == PLACEHOLDER for b in results))
     assert cleared["five"][0] == "1" and cleared["five"][1] > 0
     assert cleared["hour"] == ("0", 0)
+
+
+async def test_a_session_idle_past_the_cache_ttl_clears_at_once_and_then_replays_it(messages_rig: Any) -> None:
+    """Anthropic drops a prefix 5 minutes after its last read: the next request is written in full whatever it
+    holds, so the clearing that did not pay while the cache was warm is made then, and replayed after."""
+    rig = await messages_rig()
+    now = [1_000_000.0]
+    rig.context.store.clock = lambda: now[0]
+    sent: dict[str, list[list[dict[str, Any]]]] = {}
+    epochs: dict[str, list[str]] = {}
+    for name, pause in (("warm", 10.0), ("cold", 400.0)):
+        client = rig.client(name)
+        for loops, wait in ((6, 0.0), (7, pause), (8, 1.0)):
+            now[0] += wait
+            messages = _tool_loop(loops, "x = 1\n" * 200)
+            messages[-1]["content"][-1]["cache_control"] = FIVE_MINUTES
+            raw = await client.messages.with_raw_response.create(
+                model="claude-sonnet-4-5", max_tokens=64, messages=messages
+            )
+            sent.setdefault(name, []).append(rig.sim.requests[-1].body["messages"])
+            epochs.setdefault(name, []).append(raw.headers["X-Context-Epoch"])
+    assert epochs["warm"] == ["0", "0", "0"], "a warm cache: clearing these outputs does not pay yet"
+    assert epochs["cold"] == ["0", "1", "0"]
+
+    def cleared(messages: list[dict[str, Any]]) -> int:
+        blocks = [b for m in messages if isinstance(m["content"], list) for b in m["content"]]
+        return sum(b.get("content") == PLACEHOLDER for b in blocks)
+
+    assert cleared(sent["cold"][1]) > 0 and cleared(sent["warm"][2]) == 0
+    last, before = sent["cold"][2], sent["cold"][1]
+    assert last[: len(before) - 1] == before[:-1], "the turn after replays the clearing byte for byte"
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{rig.port}/sessions/cold") as response:
+        details = (await response.json())["turn_details"]
+    assert details[1]["reasons"] == ["clearing", "cache_cold"]

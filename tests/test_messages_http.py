@@ -25,8 +25,9 @@ SYSTEM = "You are a careful coding agent. " * 200  # over the 1,024-token minimu
 
 
 class Rig:
-    def __init__(self, sim_runner: web.AppRunner, proxy_runner: web.AppRunner, port: int) -> None:
+    def __init__(self, sim_runner: web.AppRunner, proxy_runner: web.AppRunner, port: int, context: Any) -> None:
         self.sim_runner, self.proxy_runner, self.port = sim_runner, proxy_runner, port
+        self.context = context  # the proxy's ContextService (its session store keeps the clock)
         self.sim_url = f"http://127.0.0.1:{sim_runner.addresses[0][1]}"  # Anthropic's base URL: without /v1
         self.clients: list[anthropic.AsyncAnthropic] = []
 
@@ -55,9 +56,10 @@ async def messages_rig(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
         config = replace(settings.anthropic, api_key_env=key_env, place_breakpoints=place_breakpoints)
         settings = replace(settings, anthropic=config, path="")
         holder = ConfigHolder(settings)
-        proxy_runner, port = await server.start(holder, context=build_context_service(holder))
+        context = build_context_service(holder)
+        proxy_runner, port = await server.start(holder, context=context)
         runners.append(proxy_runner)
-        rigs.append(Rig(sim_runner, proxy_runner, port))
+        rigs.append(Rig(sim_runner, proxy_runner, port, context))
         return rigs[-1]
 
     yield make

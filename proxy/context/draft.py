@@ -40,6 +40,15 @@ class Draft:
     first_new: int = 0  # messages before this index were in last turn's request
     where: list[int] = field(default_factory=list)  # output index per client message, -1 when dropped
     first_decided: int | None = None  # the earliest client message given a new decision while drafting
+    # The upstream's cache has expired since the session's last request (the shell's clock says so): this
+    # request is written in full whatever we send, so an edit re-bills nothing and any edit that frees pays.
+    cold: bool = False
+
+    @property
+    def discount(self) -> float:
+        """The price of the tokens this request shares with the last, as a share of the input price: the
+        model's cached price, or the write price when the cache is cold."""
+        return self.model.write_factor if self.cold else self.model.cache_discount
 
     def total(self, counts: Sequence[int]) -> int:
         """The request's tokens as the upstream will count them: messages, the fixed part, our correction."""
@@ -50,7 +59,7 @@ class Draft:
         shares with the client's last request, the new messages at the write price."""
         tokens = self.journal.tokens
         new = sum(tokens[self.first_new :])
-        return billed_input(self.model.cache_discount, self.model.write_factor, sum(tokens) - new, new)
+        return billed_input(self.discount, self.model.write_factor, sum(tokens) - new, new)
 
     def emitted(self, i: int) -> Message | None:
         """What the journal's decision sends for client message `i` (None when dropped)."""

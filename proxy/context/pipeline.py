@@ -74,11 +74,13 @@ def process(
     correction: float = 1.0,
     digests: Sequence[bytes] | None = None,
     cuts: CutCache | None = None,
+    cache_cold: bool = False,
 ) -> Outcome:
     """The messages to forward for this turn; does not mutate `journal`.
 
     `digests`, when the caller has them, are the messages' `message_digest`s (not recomputed);
-    `cuts` is the caller's cache of head+tail cuts (a fresh one when it keeps none).
+    `cuts` is the caller's cache of head+tail cuts (a fresh one when it keeps none); `cache_cold`: the
+    upstream's prompt cache has expired since the session's last request (the caller knows the clock).
     """
     edits = steps(cuts if cuts is not None else CutCache())
     state = journal.copy()
@@ -94,6 +96,7 @@ def process(
         correction=correction,
         emitters={step.kind: step.emit for step in edits},
         observations=compile_patterns(policy.clear_tool_outputs.observation_patterns),
+        cold=cache_cold,
     )
     if digests is None:
         digests = [message_digest(m) for m in messages]
@@ -156,13 +159,15 @@ def _epoch_needed(draft: Draft, out: list[Message], counts: list[int]) -> Epoch 
         plan = Clearing().plan(draft, out, counts, forced=bool(reasons))
     if plan is not None and plan.ids and not reasons:
         reasons.append("clearing")
+    if reasons and draft.cold:
+        reasons.append("cache_cold")
     return Epoch(tuple(reasons), plan) if reasons else None
 
 
 def _turn_saving(draft: Draft, counts: list[int], first_changed: int | None) -> float:
     """Billed tokens this request saves against the client's own, each read from the cache up to what it
     shares with the one before it: what the edits bank (`economics.within_budget`)."""
-    d, w = draft.model.cache_discount, draft.model.write_factor
+    d, w = draft.discount, draft.model.write_factor
     first_new = draft.first_new
     new = next((j for j in draft.where[first_new:] if j >= 0), len(counts))
     if first_changed is not None:

@@ -44,6 +44,9 @@ class SessionStore:
     """Sessions by id in memory: LRU-bounded, idle ones forgotten after `idle_ttl_s`; nothing is written anywhere."""
 
     persistent = False
+    # This process sees every request of its sessions, so `Session.idle_s` is the real idle time (a shared
+    # store's copy may be behind another process's turns: its idle time is not known).
+    knows_idle = True
 
     def __init__(
         self,
@@ -84,6 +87,7 @@ class SessionStore:
             session = self._sessions.pop(session_id, None)
             if session is None:
                 session = Session(id=session_id, journal=self._new_journal())
+            session.idle_s = now - session.last_seen if session.last_seen else 0.0
             session.last_seen = now
             self._sessions[session_id] = session
             while len(self._sessions) > self.max_sessions:

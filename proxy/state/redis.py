@@ -97,6 +97,7 @@ class RedisStore(SessionStore):
     """`SessionStore` whose sessions live in Redis, shared by every process that names the same server."""
 
     persistent = True
+    knows_idle = False
 
     def __init__(
         self,

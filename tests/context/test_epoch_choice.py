@@ -109,3 +109,23 @@ def test_where_the_cache_is_read_only_at_its_marks_an_epoch_clears_from_the_olde
     assert _clearing_starts(anywhere, real_counter)[0] > 3
     marked = _clearing_starts(replace(anywhere, marked_cache=True), real_counter)
     assert marked and set(marked) == {3}
+
+
+def test_a_cold_cache_makes_the_clearing_a_warm_one_would_not_yet_pay_for(real_counter):
+    """Past the cache's TTL the request is written in full whatever it holds: an edit re-bills nothing."""
+    full, journal, info = agent(150, output_tokens=400), Journal(), model(128000, 0.1)
+    for k in range(4, len(full) + 1, 2):
+        warm = process(journal, full[:k], tools=None, policy=Policy(), model=info, counter=real_counter)
+        if warm.report.epoch:
+            break
+        cold = process(
+            journal, full[:k], tools=None, policy=Policy(), model=info, counter=real_counter, cache_cold=True
+        )
+        if cold.report.epoch:
+            assert cold.report.reasons == ("clearing", "cache_cold") and cold.report.cleared > 0
+            assert cold.report.banked > journal.banked  # it saved at once what it freed
+            after = process(cold.journal, full[: k + 2], tools=None, policy=Policy(), model=info, counter=real_counter)
+            assert not after.report.epoch and after.messages[: len(cold.messages)] == cold.messages
+            return
+        journal = warm.journal
+    raise AssertionError("a warm epoch came first: the cold cache bought nothing")

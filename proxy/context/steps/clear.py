@@ -51,11 +51,16 @@ class Clearing:
             return None
         freed, newest = bound
         unpaid = draft.journal.unpaid_bound
-        if not forced and unpaid and freed < unpaid + max(rules.clear_at_least, unpaid // REPLAN_GROWTH):
+        if (
+            not forced
+            and not draft.cold
+            and unpaid
+            and freed < unpaid + max(rules.clear_at_least, unpaid // REPLAN_GROWTH)
+        ):
             return None
         total = draft.total(counts)
         turns = sum(1 for m in draft.messages if m.get("role") == "assistant")
-        d, w = draft.model.cache_discount, draft.model.write_factor
+        d, w = draft.discount, draft.model.write_factor
         turn_bill = draft.direct_bill()
 
         def value(freed: int, first: int) -> float:
