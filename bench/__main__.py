@@ -1,5 +1,5 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|hindsight`
-`|epoch-rule|long-event|bodies|state|slow-clients [-n N] [--ref REV] [--json FILE]`.
+`|epoch-rule|idle|long-event|bodies|state|slow-clients [-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -110,6 +110,12 @@ def _epoch_rule(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return epoch_rule.run_epoch_rule(), epoch_rule.render
 
 
+def _idle(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import idle
+
+    return asyncio.run(idle.run_idle()), idle.render
+
+
 def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import quality
 
@@ -136,6 +142,7 @@ COMMANDS: dict[str, Runner] = {
     "quality": _quality,
     "hindsight": _hindsight,
     "epoch-rule": _epoch_rule,
+    "idle": _idle,
     "long-event": _long_event,
     "bodies": _bodies,
     "slow-clients": _slow_clients,

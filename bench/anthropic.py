@@ -14,6 +14,7 @@ input + 1.25 x cache writes + 0.1 x cache reads. Three runs per trace:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,11 +89,20 @@ class Run:
 
 
 async def replay(
-    client: aiohttp.ClientSession, base: str, trace: Trace, model: str, style: str, sim: Simulator
+    client: aiohttp.ClientSession,
+    base: str,
+    trace: Trace,
+    model: str,
+    style: str,
+    sim: Simulator,
+    before_turn: Callable[[int], None] | None = None,
 ) -> tuple[Run, Kept]:
+    """Every turn of `trace` sent to `base`; `before_turn(k)` runs before turn k is sent (a clock to step)."""
     run, kept = Run(), Kept()
     headers = {"x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01", "Content-Type": "application/json"}
-    for body in messages_requests(trace, model, style):
+    for k, body in enumerate(messages_requests(trace, model, style)):
+        if before_turn is not None:
+            before_turn(k)
         async with client.post(base + "/v1/messages", data=orjson.dumps(body), headers=headers) as response:
             raw = await response.read()
         if response.status != 200:
@@ -107,13 +117,26 @@ async def replay(
     return run, kept
 
 
-async def _proxied(client: aiohttp.ClientSession, sim_base: str, trace: Trace, model: str, style: str, sim: Simulator):
+async def _proxied(
+    client: aiohttp.ClientSession,
+    sim_base: str,
+    trace: Trace,
+    model: str,
+    style: str,
+    sim: Simulator,
+    clock: Callable[[], float] | None = None,
+    before_turn: Callable[[int], None] | None = None,
+) -> tuple[Run, Kept]:
+    """The same replay through a proxy of its own; `clock`, if given, is its session store's."""
     holder = ConfigHolder(load_settings(upstream_url=sim_base + "/v1", anthropic_url=sim_base))
-    runner, port = await server.start(holder, context=build_context_service(holder))
+    context = build_context_service(holder)
+    if clock is not None:
+        context.store.clock = clock
+    runner, port = await server.start(holder, context=context)
     try:
         sim.reset()
         base = f"http://127.0.0.1:{port}/s/bench-{time.monotonic_ns()}"
-        return await replay(client, base, trace, model, style, sim)
+        return await replay(client, base, trace, model, style, sim, before_turn)
     finally:
         await runner.cleanup()
 

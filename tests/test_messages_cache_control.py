@@ -208,3 +208,20 @@ async def test_a_session_idle_past_the_cache_ttl_clears_at_once_and_then_replays
     async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{rig.port}/sessions/cold") as response:
         details = (await response.json())["turn_details"]
     assert details[1]["reasons"] == ["clearing", "cache_cold"]
+
+
+async def test_the_simulators_cache_drops_a_prefix_unused_past_its_ttl(messages_rig: Any) -> None:
+    """As Anthropic's: a read keeps the prefix another TTL; past it, the same request writes it anew."""
+    rig = await messages_rig()
+    now = [0.0]
+    rig.sim.config.cache_ttl_s, rig.sim.clock = 300.0, lambda: now[0]
+    client = rig.client(direct=True)
+    system = [{"type": "text", "text": SYSTEM, "cache_control": FIVE_MINUTES}]
+    usage = []
+    for wait in (0.0, 200.0, 200.0, 301.0):  # the second read comes 400 s after the write, 200 s after a read
+        now[0] += wait
+        reply = await client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=64, system=system, messages=[{"role": "user", "content": "hi"}]
+        )
+        usage.append((reply.usage.cache_read_input_tokens > 0, reply.usage.cache_creation_input_tokens > 0))
+    assert usage == [(False, True), (True, False), (True, False), (False, True)]

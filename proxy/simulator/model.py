@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,7 @@ class SimulatorConfig:
     cache_granularity: int = 128  # ... and hits in steps of 128
     cache_keys: int = 256  # API keys whose prefixes are remembered (LRU)
     cache_prefixes_per_key: int = 100_000
+    cache_ttl_s: float = 0.0  # a cached prefix unused this long is dropped (Anthropic: 300); 0 = kept for good
     record_limit: int = 1000  # requests kept in `Simulator.requests`
     silence_s: float = 3600.0  # the `silence` faults: longer than any timeout
     slow_headers_s: float = 0.5
@@ -98,7 +101,9 @@ class Simulator:
         self.active_streams = 0
         self.body_bytes = 0  # request body bytes read so far, counted as they arrive
         self._ids = itertools.count(1)
-        self._cache: OrderedDict[str, OrderedDict[bytes, None]] = OrderedDict()
+        # key -> prefix digest -> when it was last written or read (by `clock`, for `cache_ttl_s`)
+        self._cache: OrderedDict[str, OrderedDict[bytes, float]] = OrderedDict()
+        self.clock: Callable[[], float] = time.monotonic
 
     def reset(self) -> None:
         """Forget requests, totals and the prompt cache (between a direct and a proxied replay)."""
@@ -126,8 +131,12 @@ class Simulator:
 
     def cached_tokens(self, key: str, chain: list[tuple[bytes, int]], granularity: int | None = None) -> int:
         """The longest prefix an earlier request of this key shared, in OpenAI's cache steps (or `granularity`)."""
-        seen = self._cache.get(key)
-        longest = next((tokens for digest, tokens in reversed(chain) if seen and digest in seen), 0)
+        seen, now, ttl = self._cache.get(key), self.clock(), self.config.cache_ttl_s
+        alive = [(d, tokens) for d, tokens in chain if seen and d in seen and not 0 < ttl < now - seen[d]]
+        hit = alive[-1] if alive else None
+        if hit is not None and seen is not None:
+            seen[hit[0]] = now  # a read keeps the prefix alive another TTL
+        longest = hit[1] if hit else 0
         if longest < self.config.cache_min_tokens:
             return 0
         step = granularity or self.config.cache_granularity
@@ -136,8 +145,9 @@ class Simulator:
     def remember(self, key: str, chain: list[tuple[bytes, int]]) -> None:
         seen = self._cache.pop(key, None) or OrderedDict()
         self._cache[key] = seen
+        now = self.clock()
         for digest, _ in chain:
-            seen[digest] = None
+            seen[digest] = now
             seen.move_to_end(digest)
         while len(seen) > self.config.cache_prefixes_per_key:
             seen.popitem(last=False)
