@@ -22,39 +22,41 @@ import aiohttp
 
 import proxy.context.economics as economics
 import proxy.context.steps.clear as clear_step
-from bench import anthropic
+from bench import anthropic, idle
 from bench.quality import Score, Setting, held_out, measure
 from bench.stats import table
 from proxy.traces import load_trace
 from tests.context.replay import TRACE_NAMES
 
-# (turns to come per turn passed, turns' bills the allowance holds, whether every edit has it); first = shipped
+# (turns to come per turn passed, turns' bills the first edit may risk, whether every edit may, the share of the
+# banked savings one bet may stake); the first is the shipped rule
 RULES = (
-    (1.0, 1, False),
-    (0.5, 1, False),
-    (1.5, 1, False),
-    (2.0, 1, False),
-    (0.5, 1, True),
-    (1.0, 1, True),
-    (1.0, 3, False),
-    (2.0, 3, False),
+    (1.0, 1, False, 0.5),
+    (0.5, 1, False, 0.5),
+    (2.0, 1, False, 0.5),
+    (1.0, 1, False, 1.0),
+    (1.0, 1, False, 0.25),
+    (0.5, 1, True, 1.0),
+    (1.0, 1, True, 1.0),
+    (1.0, 3, False, 0.5),
+    (2.0, 3, False, 0.5),
 )
 DISCOUNTS = (0.5, 0.1)
 
 
 @contextmanager
-def rule(turns_to_come: float, turns_at_risk: float, every_edit: bool) -> Iterator[None]:
+def rule(turns_to_come: float, turns_at_risk: float, every_edit: bool, stake: float) -> Iterator[None]:
     """The engine with these guesses in place of its own, for one replay."""
-    saved = economics.TURNS_TO_COME, clear_step.within_budget
+    saved = economics.TURNS_TO_COME, economics.STAKE, clear_step.within_budget
 
     def budget(cost: float, banked: float, turn: float, first: bool = True) -> bool:
-        return saved[1](cost, banked, turns_at_risk * turn, first=first or every_edit)
+        return saved[2](cost, banked, turns_at_risk * turn, first=first or every_edit)
 
-    economics.TURNS_TO_COME, clear_step.within_budget = turns_to_come, budget
+    economics.TURNS_TO_COME, economics.STAKE, clear_step.within_budget = turns_to_come, stake, budget
     try:
         yield
     finally:
-        economics.TURNS_TO_COME, clear_step.within_budget = saved
+        economics.TURNS_TO_COME, economics.STAKE, clear_step.within_budget = saved
 
 
 async def _claude_code(names: list[str]) -> list[tuple[float, float]]:
@@ -81,14 +83,18 @@ def run_epoch_rule() -> dict[str, Any]:
     counter = counter_for("o200k_base")
     sets = {"packaged": [load_trace(n) for n in TRACE_NAMES], "held-out": [load_trace(p) for p in held_out()]}
     rows = []
-    for turns_to_come, turns_at_risk, every_edit in RULES:
-        at = {"turns_to_come": turns_to_come, "risk": f"{turns_at_risk} on {'every' if every_edit else 'first'} edit"}
-        with rule(turns_to_come, turns_at_risk, every_edit):
-            bills = asyncio.run(_claude_code(list(TRACE_NAMES)))
-            direct = sum(d for d, _ in bills)
-            worst = max(p / d for d, p in bills)
-            rows.append({**at, "set": "packaged, Claude Code", "d": 0.1, "ratio": sum(p for _, p in bills) / direct,
-                         "worst": worst, "lost_rate": float("nan")})  # fmt: skip
+    for turns_to_come, turns_at_risk, every_edit, stake in RULES:
+        risk = f"{turns_at_risk} on {'every' if every_edit else 'first'} edit"
+        at = {"turns_to_come": turns_to_come, "risk": risk, "stake": stake}
+        with rule(turns_to_come, turns_at_risk, every_edit, stake):
+            for label, bills in (
+                ("packaged, Claude Code", asyncio.run(_claude_code(list(TRACE_NAMES)))),
+                ("same, a 7-min pause every 20 turns", asyncio.run(idle.run_idle(pauses=(20,)))["bills"]),
+            ):
+                direct = sum(d for d, _ in bills)
+                worst = max(p / d for d, p in bills)
+                rows.append({**at, "set": label, "d": 0.1, "ratio": sum(p for _, p in bills) / direct,
+                             "worst": worst, "lost_rate": float("nan")})  # fmt: skip
             for set_name, traces in sets.items():
                 for d in DISCOUNTS:
                     score, billed, direct, worst = Score(), 0.0, 0.0, 0.0
@@ -111,11 +117,11 @@ def run_epoch_rule() -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    header = ["turns to come", "turns' bills risked", "set", "d", "billed/direct", "worst trace", "lost rate"]
-    rows = [
-        [r["turns_to_come"], r["risk"], r["set"], r["d"], *(_cell(r[k]) for k in ("ratio", "worst", "lost_rate"))]
-        for r in result["rows"]
-    ]
+    header = ["turns to come", "turns' bills risked", "stake", "set", "d", "billed/direct", "worst trace", "lost rate"]
+    rows = []
+    for r in result["rows"]:
+        figures = map(_cell, (r["ratio"], r["worst"], r["lost_rate"]))
+        rows.append([r["turns_to_come"], r["risk"], r["stake"], r["set"], r["d"], *figures])
     title = "The epoch rule (128k, Claude Code 200k; default policy otherwise; the first block is the shipped rule):"
     return title + "\n" + table(header, rows)
 

@@ -18,6 +18,10 @@ from proxy.context.policy import ModelInfo
 # (edits after a session's first spend only what earlier edits saved) 1.0 bills least on every trace
 # we have at d = 0.1 and d = 0.5, and keeps each at or under direct (0.5, 1, 1.5, 2 measured; BENCHMARKS.md).
 TURNS_TO_COME = 1.0
+# The share of what a session's edits have saved that one edit costing more than it frees may stake:
+# whatever its bets do, a session keeps at least the rest. 1.0 let the savings of free edits at an
+# expired cache fund bets that lost more (`bench idle`: 1.076 of direct; 0.872 at 0.5, 0.25 no better).
+STAKE = 0.5
 
 # One block of a request as the cache sees it: its exact bytes and its tokens.
 Block = tuple[bytes, int]
@@ -99,11 +103,12 @@ def within_budget(cost: float, banked: float, turn: float, *, first: bool = True
     and `turn` the bill of this request sent as the client wrote it.
 
     An edit that frees more than its rewrite costs is always made; one that costs more this turn
-    spends the savings the session's edits have banked, and the session's `first` edit at most one
-    more turn's bill: however soon a session ends, its edits have cost it at most about one turn more
-    than no edits at all, and a later bet that loses gives back savings, never more.
+    stakes at most `STAKE` of the savings the session's edits have banked, and the session's `first`
+    edit at most one more turn's bill: however soon a session ends, its edits have cost it at most
+    about one turn more than no edits at all, and a later bet that loses gives back at most half of
+    what was saved.
     """
-    return cost <= max(0.0, banked) + (turn if first else 0.0)
+    return cost <= STAKE * max(0.0, banked) + (turn if first else 0.0)
 
 
 def cached_prefix(previous: Sequence[Block], current: Sequence[Block]) -> int:

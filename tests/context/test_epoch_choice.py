@@ -56,15 +56,16 @@ def test_an_edit_that_costs_more_than_it_frees_spends_only_what_was_banked_and_o
     assert within_budget(-50.0, banked=0.0, turn=0.0)  # frees more than it rewrites: always
     assert within_budget(900.0, banked=0.0, turn=1000.0)
     assert not within_budget(1100.0, banked=0.0, turn=1000.0)
-    assert within_budget(1100.0, banked=200.0, turn=1000.0)
+    assert within_budget(1100.0, banked=200.0, turn=1000.0)  # half the 200 banked, and the turn
+    assert not within_budget(1101.0, banked=200.0, turn=1000.0)
     assert not within_budget(1100.0, banked=-5000.0, turn=1000.0) and within_budget(1000.0, -5000.0, 1000.0)
 
 
-def test_after_a_sessions_first_edit_a_costly_edit_spends_only_what_was_banked():
+def test_after_a_sessions_first_edit_a_costly_edit_stakes_at_most_half_of_what_was_banked():
     assert within_budget(-50.0, banked=0.0, turn=1000.0, first=False)
     assert not within_budget(900.0, banked=0.0, turn=1000.0, first=False)
-    assert within_budget(900.0, banked=900.0, turn=1000.0, first=False)
-    assert not within_budget(900.0, banked=899.0, turn=1000.0, first=False)
+    assert within_budget(900.0, banked=1800.0, turn=1000.0, first=False)
+    assert not within_budget(900.0, banked=1799.0, turn=1000.0, first=False)
 
 
 def _turn_bills(requests: list[list], counter, tools, discount: float) -> list[float]:
