@@ -14,6 +14,9 @@ import anthropic
 import pytest
 
 from proxy.context.clearing import PLACEHOLDER
+from proxy.context.policy import ModelInfo
+from proxy.dialects.base import Conversation
+from proxy.service import cache_is_cold
 from tests.test_messages_http import SYSTEM, Rig, messages_rig
 
 __all__ = ["messages_rig"]  # the fixture this module uses
@@ -225,3 +228,12 @@ async def test_the_simulators_cache_drops_a_prefix_unused_past_its_ttl(messages_
         )
         usage.append((reply.usage.cache_read_input_tokens > 0, reply.usage.cache_creation_input_tokens > 0))
     assert usage == [(False, True), (True, False), (True, False), (False, True)]
+
+
+def test_a_cache_is_taken_for_cold_only_past_its_ttl_and_a_margin() -> None:
+    claude, openai = ModelInfo(cache_ttl_s=300), ModelInfo()
+    five, hour = Conversation([], []), Conversation([], [], cache_write_factor=2.0)  # a 1-hour mark sets w = 2
+    assert not cache_is_cold(claude, five, 0.0)  # a session's first request
+    assert not cache_is_cold(claude, five, 320.0) and cache_is_cold(claude, five, 340.0)
+    assert not cache_is_cold(claude, hour, 3000.0) and cache_is_cold(claude, hour, 3700.0)
+    assert not cache_is_cold(openai, five, 86400.0)  # no TTL promised: never assumed cold
