@@ -119,12 +119,11 @@ COLD_MARGIN_S = 30.0
 
 
 def cache_is_cold(model: ModelInfo, conversation: Conversation, idle_s: float) -> bool:
-    """Whether the upstream has dropped the session's cached prefix: idle longer than the model's TTL (an hour
-    where the client marks a breakpoint for one) and a margin. A model with no TTL is never assumed cold."""
+    """Whether the upstream has dropped the session's cached prefix: idle longer than the model's TTL (or the
+    longer one the client asked for) and a margin. A model with no TTL is never assumed cold."""
     if model.cache_ttl_s <= 0 or idle_s <= 0:
         return False
-    ttl = max(model.cache_ttl_s, 3600) if conversation.cache_write_factor is not None else model.cache_ttl_s
-    return idle_s > ttl + COLD_MARGIN_S
+    return idle_s > max(model.cache_ttl_s, conversation.cache_ttl_s or 0) + COLD_MARGIN_S
 
 
 class EngineTurn:

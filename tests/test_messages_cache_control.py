@@ -15,6 +15,7 @@ import pytest
 
 from proxy.context.clearing import PLACEHOLDER
 from proxy.context.policy import ModelInfo
+from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.dialects.base import Conversation
 from proxy.service import cache_is_cold
 from tests.test_messages_http import SYSTEM, Rig, messages_rig
@@ -231,9 +232,22 @@ async def test_the_simulators_cache_drops_a_prefix_unused_past_its_ttl(messages_
 
 
 def test_a_cache_is_taken_for_cold_only_past_its_ttl_and_a_margin() -> None:
-    claude, openai = ModelInfo(cache_ttl_s=300), ModelInfo()
-    five, hour = Conversation([], []), Conversation([], [], cache_write_factor=2.0)  # a 1-hour mark sets w = 2
-    assert not cache_is_cold(claude, five, 0.0)  # a session's first request
-    assert not cache_is_cold(claude, five, 320.0) and cache_is_cold(claude, five, 340.0)
+    claude, openai, unknown = ModelInfo(cache_ttl_s=300), ModelInfo(cache_ttl_s=3600), ModelInfo()
+    plain, hour = Conversation([], []), Conversation([], [], cache_ttl_s=3600)
+    day = Conversation([], [], cache_ttl_s=86400)
+    assert not cache_is_cold(claude, plain, 0.0)  # a session's first request
+    assert not cache_is_cold(claude, plain, 320.0) and cache_is_cold(claude, plain, 340.0)
     assert not cache_is_cold(claude, hour, 3000.0) and cache_is_cold(claude, hour, 3700.0)
-    assert not cache_is_cold(openai, five, 86400.0)  # no TTL promised: never assumed cold
+    assert not cache_is_cold(openai, plain, 3600.0) and cache_is_cold(openai, plain, 3700.0)
+    assert not cache_is_cold(openai, day, 80000.0) and cache_is_cold(openai, day, 90000.0)
+    assert not cache_is_cold(unknown, plain, 86400.0 * 7)  # no TTL known: never assumed cold
+
+
+def test_the_ttl_a_client_asks_for_reaches_the_engine() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    assert CHAT.conversation({"messages": messages, "prompt_cache_retention": "24h"}).cache_ttl_s == 86400
+    assert CHAT.conversation({"messages": messages, "prompt_cache_retention": "in_memory"}).cache_ttl_s is None
+    assert RESPONSES.conversation({"input": "hi", "prompt_cache_retention": "24h"}).cache_ttl_s == 86400
+    hour = {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": ONE_HOUR}]}
+    assert MESSAGES.conversation({"messages": [hour]}).cache_ttl_s == 3600
+    assert MESSAGES.conversation({"messages": messages}).cache_ttl_s is None

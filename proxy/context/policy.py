@@ -81,9 +81,9 @@ class ModelInfo:
     # The upstream reads a cached prefix only where the last request marked one (Anthropic's breakpoints; the
     # proxy marks the end of the prefix before the oldest long output still sent), not at any prefix (OpenAI).
     marked_cache: bool = False
-    # Seconds after its last use that the upstream drops a cached prefix (Anthropic: 300, or 3600 where the
-    # client asks for the 1-hour TTL); a session idle longer is re-written in full anyway, so that turn any
-    # edit pays. 0: the upstream keeps no promise (OpenAI keeps prefixes "5-10 minutes, up to an hour").
+    # Seconds after its last use by which the upstream has surely dropped a cached prefix (Anthropic: 300;
+    # OpenAI: 3600, "5-10 minutes, up to an hour"); a session idle longer is re-written in full anyway, so
+    # that turn any edit pays. A request may ask for longer (`Conversation.cache_ttl_s`). 0: never assumed.
     cache_ttl_s: int = 0
 
     @property

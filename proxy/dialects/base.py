@@ -61,8 +61,16 @@ class Conversation:
     # The client asked for cache writes at this multiple of the input price (Anthropic's 1-hour TTL: 2); None: the
     # model table's write price. The epoch rule prices the re-written tail by it.
     cache_write_factor: float | None = None
+    # The client asked the upstream to keep its prefix this long, in seconds (Anthropic's 1-hour mark on the last
+    # breakpoint: 3600; OpenAI's `prompt_cache_retention: "24h"`: 86400); None: the model table's `cache_ttl_s`.
+    cache_ttl_s: int | None = None
     # The API reads a cached prefix only where the request marks one (Anthropic), not at any prefix.
     marked_cache: bool = False
+
+
+def retention_ttl(body: Mapping[str, Any]) -> int | None:
+    """OpenAI's extended prompt cache retention, asked for in the body: a prefix kept up to 24 hours."""
+    return 86400 if body.get("prompt_cache_retention") == "24h" else None
 
 
 def group_digest(value: Any) -> bytes:

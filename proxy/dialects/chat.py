@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from proxy.context.messages import message_digest
-from proxy.dialects.base import Conversation, Message, Usage, cached_usage, whole_count
+from proxy.dialects.base import Conversation, Message, Usage, cached_usage, retention_ttl, whole_count
 from proxy.errors import error_body
 from proxy.validate import parse_chat_body
 
@@ -65,6 +65,7 @@ class ChatDialect:
             tools=body.get("tools"),
             max_output_tokens=max_output_tokens(body, ("max_completion_tokens", "max_tokens")),
             model=str(body.get("model") or ""),
+            cache_ttl_s=retention_ttl(body),
         )
 
     def render(

@@ -170,6 +170,7 @@ class MessagesDialect:
                 messages.append(engine)
                 groups.append((i, indices))
                 keys.append(group_digest([role, engine["role"], [_stripped(blocks[j]) for j in indices]]))
+        hour = last_is_one_hour(dict(body))
         return Conversation(
             messages=messages,
             digests=keys,
@@ -177,7 +178,8 @@ class MessagesDialect:
             max_output_tokens=whole_count(body.get("max_tokens")),
             model=str(body.get("model") or ""),
             groups=groups,
-            cache_write_factor=HOUR_WRITE_FACTOR if last_is_one_hour(dict(body)) else None,
+            cache_write_factor=HOUR_WRITE_FACTOR if hour else None,
+            cache_ttl_s=3600 if hour else None,
             marked_cache=True,
         )
 

@@ -26,7 +26,15 @@ from typing import Any
 import orjson
 
 from proxy.context.messages import content_text
-from proxy.dialects.base import Conversation, Message, Usage, cached_usage, group_digest, opaque
+from proxy.dialects.base import (
+    Conversation,
+    Message,
+    Usage,
+    cached_usage,
+    group_digest,
+    opaque,
+    retention_ttl,
+)
 from proxy.dialects.chat import max_output_tokens
 from proxy.errors import InvalidRequest, error_body
 from proxy.validate import json_body
@@ -254,6 +262,7 @@ class ResponsesDialect:
             max_output_tokens=max_output_tokens(body, ("max_output_tokens",)),
             model=str(body.get("model") or ""),
             groups=groups,
+            cache_ttl_s=retention_ttl(body),
         )
 
     @staticmethod
