@@ -132,8 +132,8 @@ class Simulator:
     def cached_tokens(self, key: str, chain: list[tuple[bytes, int]], granularity: int | None = None) -> int:
         """The longest prefix an earlier request of this key shared, in OpenAI's cache steps (or `granularity`)."""
         seen, now, ttl = self._cache.get(key), self.clock(), self.config.cache_ttl_s
-        alive = [(d, tokens) for d, tokens in chain if seen and d in seen and not 0 < ttl < now - seen[d]]
-        hit = alive[-1] if alive else None
+        alive = (d for d in reversed(chain) if seen and d[0] in seen and not 0 < ttl < now - seen[d[0]])
+        hit = next(alive, None)  # the longest live prefix: the search stops at the first from the end
         if hit is not None and seen is not None:
             seen[hit[0]] = now  # a read keeps the prefix alive another TTL
         longest = hit[1] if hit else 0
