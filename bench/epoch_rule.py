@@ -1,13 +1,14 @@
-"""The epoch rule's two guesses, measured: how many turns are still to come, and what an edit may risk.
+"""The epoch rule's three guesses, measured: turns still to come, what a first edit may risk, what a bet may stake.
 
-`economics.TURNS_TO_COME` (turns expected to come, as a share of those passed) and the budget
+`economics.TURNS_TO_COME` (turns expected to come, as a share of those passed), the budget
 (`economics.within_budget`: an allowance of one turn's bill, or more, on a session's first edit
-only, or on every edit as before) are replayed over the packaged and the held-out traces
-in-process, at 128k and d = 0.5 and 0.1 (at d = 1 every edit pays at once and neither guess
-matters), and over the packaged traces as Claude Code sends them (`bench anthropic`'s 200k run
-with its breakpoints: 1.25x writes, 0.1x reads). Each row: billed input vs direct over the set,
-the worst single trace (above 1: the proxy cost that session more than no proxy), and the lost
-rate of `bench quality` (OpenAI rows).
+only, or on every edit as before) and `economics.STAKE` (the share of the banked savings one
+edit may spend) are replayed over the packaged and the held-out traces in-process, at 128k and
+d = 0.5 and 0.1 (at d = 1 every edit pays at once and no guess matters), and over the packaged
+traces as Claude Code sends them (`bench idle`'s 200k run with its breakpoints, 1.25x writes and
+0.1x reads: without pauses, and with a 7-minute pause every 20 turns). Each row: billed input vs
+direct over the set, the worst single trace (above 1: the proxy cost that session more than no
+proxy), and the lost rate of `bench quality` (OpenAI rows).
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import aiohttp
-
 import proxy.context.economics as economics
 import proxy.context.steps.clear as clear_step
-from bench import anthropic, idle
+from bench import idle
 from bench.quality import Score, Setting, held_out, measure
 from bench.stats import table
 from proxy.traces import load_trace
@@ -59,24 +58,6 @@ def rule(turns_to_come: float, turns_at_risk: float, every_edit: bool, stake: fl
         economics.TURNS_TO_COME, economics.STAKE, clear_step.within_budget = saved
 
 
-async def _claude_code(names: list[str]) -> list[tuple[float, float]]:
-    """(direct, proxied) billed input per trace, sent as Claude Code sends Messages to a 200k model."""
-    sim_runner, sim_url = await anthropic.start_simulator(anthropic.SimulatorConfig(record_limit=4))
-    sim, base = sim_runner.app[anthropic.SIMULATOR], sim_url.removesuffix("/v1")
-    bills = []
-    try:
-        async with aiohttp.ClientSession() as client:
-            for name in names:
-                trace = load_trace(name)
-                sim.reset()
-                direct, _ = await anthropic.replay(client, base, trace, anthropic.BIG_MODEL, "claude-code", sim)
-                proxied, _ = await anthropic._proxied(client, base, trace, anthropic.BIG_MODEL, "claude-code", sim)
-                bills.append((direct.total, proxied.total))
-    finally:
-        await sim_runner.cleanup()
-    return bills
-
-
 def run_epoch_rule() -> dict[str, Any]:
     from proxy.tokens import counter_for
 
@@ -87,10 +68,9 @@ def run_epoch_rule() -> dict[str, Any]:
         risk = f"{turns_at_risk} on {'every' if every_edit else 'first'} edit"
         at = {"turns_to_come": turns_to_come, "risk": risk, "stake": stake}
         with rule(turns_to_come, turns_at_risk, every_edit, stake):
-            for label, bills in (
-                ("packaged, Claude Code", asyncio.run(_claude_code(list(TRACE_NAMES)))),
-                ("same, a 7-min pause every 20 turns", asyncio.run(idle.run_idle(pauses=(20,)))["bills"]),
-            ):
+            runs = asyncio.run(idle.run_idle(list(TRACE_NAMES), pauses=(0, 20)))["rows"]
+            for label, every in (("packaged, Claude Code", 0), ("same, a 7-min pause every 20 turns", 20)):
+                bills = [(r["direct"], r["proxy"]) for r in runs if r["pause_every"] == every]
                 direct = sum(d for d, _ in bills)
                 worst = max(p / d for d, p in bills)
                 rows.append({**at, "set": label, "d": 0.1, "ratio": sum(p for _, p in bills) / direct,

@@ -49,8 +49,7 @@ async def run_idle(traces: list[str] | None = None, pauses: tuple[int, ...] = PA
                     rows.append({"trace": name, "pause_every": every, "direct": direct.total, "proxy": proxied.total})
     finally:
         await sim_runner.cleanup()
-    bills = [(r["direct"], r["proxy"]) for r in rows]
-    return {"rows": rows, "bills": bills, "pauses": pauses, "ttl_s": TTL_S, "step_s": STEP_S, "pause_s": PAUSE_S}
+    return {"rows": rows, "pauses": pauses, "ttl_s": TTL_S, "step_s": STEP_S, "pause_s": PAUSE_S}
 
 
 def render(result: dict[str, Any]) -> str:
