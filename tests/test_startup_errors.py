@@ -63,7 +63,7 @@ CONFIG_MISTAKES = [
         r"proxy\.toml:\d+: \[policy\] low_water: should be less than or equal to 1, not 1\.5", id="share-above-one",
     ),
     pytest.param(
-        "proxy.toml", 'base_url = "https://api.openai.com/v1"', 'base_url = "api.openai.com/v1"',
+        "proxy.toml", 'base_url = "https://', 'base_url = "',  # the first is [upstream]'s: its scheme dropped
         r"proxy\.toml:\d+: \[upstream\] base_url: should be an http:// or https:// URL", id="url-without-scheme",
     ),
     pytest.param(
