@@ -224,15 +224,21 @@ def measure(setting: Setting, trace: Trace, window: int, d: float, counter: Coun
     return {"score": score(trace, r.requests, usable, counts), "billed": r.proxied.billed, "direct": r.direct.billed}
 
 
-def held_out() -> list[Path]:
-    return sorted(HELD_OUT.glob("*.json"))
+def held_out(sample: str = "") -> list[Path]:
+    """The held-out traces (`bench/traces/*.json`), or those of one sample (`sample_a`, `sample_b`)."""
+    return sorted((HELD_OUT / sample).glob("*.json"))
 
 
 def run_quality(sets: dict[str, list[str | Path]] | None = None, plot: bool = True) -> dict[str, Any]:
     from proxy.tokens import counter_for
 
     counter = counter_for("o200k_base")
-    sets = sets or {"packaged": list(TRACE_NAMES), "held-out": list(held_out())}
+    sets = sets or {
+        "packaged": list(TRACE_NAMES),
+        "held-out": list(held_out()),
+        "sample A": list(held_out("sample_a")),
+        "sample B": list(held_out("sample_b")),
+    }
     rows = []
     for set_name, names in sets.items():
         traces = [load_trace(n) for n in names]

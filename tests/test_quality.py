@@ -58,9 +58,13 @@ def test_a_token_is_lost_only_when_nothing_sent_still_holds_it():
     assert (lost.lost, lost.old_lost, lost.lost3) == (4, 4, 1)
 
 
-def test_held_out_traces_are_not_the_packaged_ones():
-    names = {p.name for p in held_out()}
-    assert len(names) >= 3 and not names & set(TRACE_NAMES)
+def test_held_out_traces_are_not_the_packaged_ones_nor_each_other():
+    sets = [{load(p).source for p in held_out(sample)} for sample in ("", "sample_a", "sample_b")]
+    assert [len(s) for s in sets] == [4, 12, 12]
+    seen = {load(n).source for n in TRACE_NAMES}
+    for s in sets:
+        assert not s & seen
+        seen |= s
 
 
 @pytest.mark.parametrize("name", TRACE_NAMES)
