@@ -73,6 +73,7 @@ RULES: dict[str, Any] = {
     "Policy.high_water": SHARE,
     "Policy.low_water": SHARE,
     "Policy.max_message_share": SHARE,
+    "ClearPolicy.miss_keep_tokens": Field(ge=0),
     "ModelInfo.context_window": Field(ge=1),
     "ModelInfo.encoding": Literal[tuple(PACKAGED_FILES)],
     "ModelInfo.cache_ttl_s": Field(ge=0),

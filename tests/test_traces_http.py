@@ -256,6 +256,7 @@ async def test_recall_misses_and_reruns_of_cleared_calls_show_per_session_and_pe
     reruns = session["cleared_reruns"]
     assert reruns >= 1 and sum(t["reruns"] for t in session["turn_details"]) <= reruns
     assert session["recall_misses"] >= 1
+    assert 0 < session["miss_heat"] <= session["recall_misses"]  # the misses, fading turn by turn
     cleared_turns = [
         k for k, upstream in enumerate(run.upstream) if any(m.get("content") == PLACEHOLDER for m in upstream)
     ]

@@ -36,6 +36,9 @@ class ClearPolicy:
     # the newest first, up to `in_use_tokens` of them (either 0 = off).
     in_use_turns: int = 6
     in_use_tokens: int = 8000
+    # After a turn whose agent message used what only cleared output held (a recall miss), `keep_tokens`
+    # doubles, up to this; the doubling fades by `recall.MISS_FADE` a turn (<= keep_tokens: off).
+    miss_keep_tokens: int = 8000
 
 
 @dataclass(frozen=True)

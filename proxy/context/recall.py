@@ -125,6 +125,9 @@ def never_edited(messages: Sequence[Message]) -> frozenset[str]:
 
 # How many of an output's specific tokens later messages must quote for it to count as in use.
 MIN_QUOTED = 1
+# What is left of a recall miss's weight after each later agent message: a session's misses fade
+# with a half-life of about 7 messages (`RecallIndex.heat`; bench/quality.py measured 0.8, 0.85, 0.9).
+MISS_FADE = 0.9
 
 
 def outputs_in_use(messages: Sequence[Message], outputs: Sequence[int], recent: int) -> set[int]:
@@ -168,7 +171,8 @@ def _hash(token: str) -> int:
 class RecallIndex:
     """Per session (in the journal): hashes of the specific tokens of content the proxy removed, and of the calls
     whose output it cleared; how many turns the agent's newest message used what only removed content held
-    (recall misses) and how many calls it re-ran after their output was cleared.
+    (recall misses) and how many calls it re-ran after their output was cleared; `heat`, the misses
+    fading by `MISS_FADE` an agent message, says how hard the agent is reaching for what was cleared now.
 
     Filled when content is removed, so a turn costs work in proportion to the agent's newest message.
     """
@@ -177,9 +181,10 @@ class RecallIndex:
     cleared_calls: set[int] = field(default_factory=set)
     misses: int = 0
     reruns: int = 0
+    heat: float = 0.0
 
     def copy(self) -> RecallIndex:
-        return RecallIndex(set(self.removed), set(self.cleared_calls), self.misses, self.reruns)
+        return RecallIndex(set(self.removed), set(self.cleared_calls), self.misses, self.reruns, self.heat)
 
     def forget(self, messages: Sequence[Message], calls: Iterable[str], kept: frozenset[str]) -> None:
         """Index what an epoch removed: the messages' tokens not in `kept` (what is never edited), their calls."""
@@ -205,6 +210,7 @@ class RecallIndex:
                     missed += 1
         reruns = sum(_hash(key) in self.cleared_calls for key in call_keys(newest)) if self.cleared_calls else 0
         self.misses += missed > 0
+        self.heat = self.heat * MISS_FADE + (missed > 0)
         self.reruns += reruns
         return missed, reruns
 
@@ -214,6 +220,7 @@ class RecallIndex:
             "cleared_calls": sorted(self.cleared_calls),
             "misses": self.misses,
             "reruns": self.reruns,
+            "heat": self.heat,
         }
 
     @classmethod
@@ -223,4 +230,5 @@ class RecallIndex:
             {int(h) for h in data.get("cleared_calls", ())},
             int(data.get("misses", 0)),
             int(data.get("reruns", 0)),
+            float(data.get("heat", 0.0)),
         )

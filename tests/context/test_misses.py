@@ -80,3 +80,42 @@ def test_the_index_survives_the_journal_round_trip():
     _, journal, _ = turns(BASE)
     assert journal.recall.removed
     assert Journal.from_dict(journal.to_dict()).recall == journal.recall
+
+
+def kept_outputs(messages: list[dict], miss_keep_tokens: int) -> list[int]:
+    """Per turn, how many tool outputs went upstream uncleared, under a policy keeping about three of them."""
+    size = COUNTER.count_text(output(0, "")["content"])
+    rules = ClearPolicy(
+        keep_tokens=3 * size, keep_under=10, clear_at_least=100, in_use_turns=0, miss_keep_tokens=miss_keep_tokens
+    )
+    policy, journal, kept = Policy(clear_tool_outputs=rules), Journal(), []
+    for i in range(2, len(messages) + 1):
+        if messages[i - 1]["role"] == "tool":
+            outcome = process(journal, messages[:i], tools=None, policy=policy, model=NO_CACHE, counter=COUNTER)
+            journal = outcome.journal
+            kept.append(sum(m.get("role") == "tool" and m["content"] != PLACEHOLDER for m in outcome.messages))
+    return kept
+
+
+def test_after_a_recall_miss_clearing_keeps_more_output_and_the_extra_fades():
+    later = [m for k in range(6, 40) for m in (call(k, f"cat file{k}.py"), output(k, f"file{k}"))]
+    missing = [*BASE, call(5, "sed -n 80,95p src/other.py", "Edit decode_frame_len."), output(5, "ok"), *later]
+    plain, adapted = kept_outputs(missing, 0), kept_outputs(missing, 10**6)
+    miss = 5  # the turn whose request holds the agent's message quoting what only cleared output 0 held
+    assert (plain[miss - 1], plain[miss]) == (adapted[miss - 1], 3) and adapted[miss] > 3  # it keeps more at once
+    assert plain[:miss] == adapted[:miss]
+    assert all(a > p for a, p in list(zip(adapted, plain, strict=True))[miss + 1 : miss + 6])
+    assert adapted[-1] == plain[-1]  # 34 agent messages without a miss: the doubling has faded away
+    capped = kept_outputs(missing, COUNTER.count_text(output(0, "")["content"]) * 5)  # room for one more output
+    assert all(p <= c <= a for p, c, a in zip(plain, capped, adapted, strict=True))
+    assert max(capped) == max(plain) + 1 < max(adapted)
+
+
+def test_heat_rises_with_a_miss_and_fades_with_each_agent_message():
+    missed = [*BASE, call(5, "sed -n 80,95p src/other.py", "Edit decode_frame_len."), output(5, "ok")]
+    _, journal, _ = turns(missed)
+    assert journal.recall.heat == 1.0
+    quiet = [call(6, "true"), output(6, "fine"), call(7, "true"), output(7, "fine")]
+    _, journal, _ = turns([*missed, *quiet])
+    assert 0.8 < journal.recall.heat < 0.82  # 0.9 twice
+    assert Journal.from_dict(journal.to_dict()).recall.heat == journal.recall.heat
