@@ -377,15 +377,7 @@ class EngineService:
             session = max(named, key=lambda s: s.last_seen, default=None)
         if session is None:
             return None
-        recall = session.journal.recall
-        # Turns whose agent message used what only removed content held; calls re-run after their output was cleared;
-        # the misses as they fade (each unit of it doubles the tool output clearing keeps, up to `miss_keep_tokens`).
-        return {
-            **session.to_dict(),
-            "recall_misses": recall.misses,
-            "cleared_reruns": recall.reruns,
-            "miss_heat": round(recall.heat, 3),
-        }
+        return {**session.to_dict(), **session.journal.recall.summary()}
 
     def _record_metrics(self, policy: str, outcome: Outcome) -> None:
         report = outcome.report

@@ -214,6 +214,12 @@ class RecallIndex:
         self.reruns += reruns
         return missed, reruns
 
+    def summary(self) -> dict[str, Any]:
+        """What `/sessions/{id}` shows: turns whose agent message used what only removed content held, calls
+        re-run after their output was cleared, and the misses as they fade (each unit of heat doubles the tool
+        output clearing keeps, up to `miss_keep_tokens`)."""
+        return {"recall_misses": self.misses, "cleared_reruns": self.reruns, "miss_heat": round(self.heat, 3)}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "removed": sorted(self.removed),
