@@ -177,7 +177,7 @@ def _kept_after_misses(draft: Draft) -> int:
     heat = draft.journal.recall.heat
     if heat <= 0 or rules.miss_keep_tokens <= rules.keep_tokens:
         return rules.keep_tokens
-    return max(rules.keep_tokens, min(rules.miss_keep_tokens, int(rules.keep_tokens * 2**heat)))
+    return min(rules.miss_keep_tokens, int(rules.keep_tokens * 2**heat))  # heat > 0: never under keep_tokens
 
 
 def _recent_output_tokens(draft: Draft) -> int:
