@@ -5,7 +5,7 @@ import json
 from proxy.context import ClearPolicy, HeuristicCounter, ModelInfo, Policy
 from proxy.context.clearing import PLACEHOLDER
 from proxy.context.journal import Journal
-from proxy.context.pipeline import process
+from proxy.context.pipeline import Outcome, process
 
 COUNTER = HeuristicCounter()
 NO_CACHE = ModelInfo(context_window=128000, input_per_mtok=1.0, cached_input_per_mtok=1.0)
@@ -21,16 +21,20 @@ def output(k: int, text: str) -> dict:
     return {"role": "tool", "tool_call_id": f"c{k}", "content": text + " " + "x " * 300}
 
 
-def turns(messages: list[dict]) -> tuple[list, Journal]:
-    """Send each prefix that ends in a tool output, as an agent would; the reports and the last journal."""
-    journal, reports, sent = Journal(), [], []
+def outcomes(messages: list[dict], policy: Policy = POLICY) -> list[Outcome]:
+    """Send each prefix that ends in a tool output, as an agent would: each turn's outcome."""
+    journal, out = Journal(), []
     for i in range(2, len(messages) + 1):
-        if messages[i - 1]["role"] != "tool":
-            continue
-        outcome = process(journal, messages[:i], tools=None, policy=POLICY, model=NO_CACHE, counter=COUNTER)
-        journal, sent = outcome.journal, outcome.messages
-        reports.append(outcome.report)
-    return reports, journal, sent
+        if messages[i - 1]["role"] == "tool":
+            out.append(process(journal, messages[:i], tools=None, policy=policy, model=NO_CACHE, counter=COUNTER))
+            journal = out[-1].journal
+    return out
+
+
+def turns(messages: list[dict]) -> tuple[list, Journal, list]:
+    """The reports, the last journal and the last request sent."""
+    out = outcomes(messages)
+    return [o.report for o in out], out[-1].journal, out[-1].messages
 
 
 BASE = [
@@ -88,13 +92,10 @@ def kept_outputs(messages: list[dict], miss_keep_tokens: int) -> list[int]:
     rules = ClearPolicy(
         keep_tokens=3 * size, keep_under=10, clear_at_least=100, in_use_turns=0, miss_keep_tokens=miss_keep_tokens
     )
-    policy, journal, kept = Policy(clear_tool_outputs=rules), Journal(), []
-    for i in range(2, len(messages) + 1):
-        if messages[i - 1]["role"] == "tool":
-            outcome = process(journal, messages[:i], tools=None, policy=policy, model=NO_CACHE, counter=COUNTER)
-            journal = outcome.journal
-            kept.append(sum(m.get("role") == "tool" and m["content"] != PLACEHOLDER for m in outcome.messages))
-    return kept
+    return [
+        sum(m.get("role") == "tool" and m["content"] != PLACEHOLDER for m in o.messages)
+        for o in outcomes(messages, Policy(clear_tool_outputs=rules))
+    ]
 
 
 def test_after_a_recall_miss_clearing_keeps_more_output_and_the_extra_fades():
