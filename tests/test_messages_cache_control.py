@@ -164,8 +164,9 @@ async def test_one_hour_cache_writes_are_billed_at_twice_the_input_price(message
 
 async def test_a_one_hour_last_breakpoint_makes_clearing_wait_for_a_bigger_saving(messages_rig: Any) -> None:
     """An epoch re-writes the tail after its first edit: at the 1-hour price (2x input) the same clearing that pays
-    at the 5-minute price (1.25x) does not pay yet."""
-    rig = await messages_rig()
+    at the 5-minute price (1.25x) does not pay yet. (Either is a bet on the session going on: the session's first
+    edit may make it only with `first_edit_risk_turns`.)"""
+    rig = await messages_rig(first_edit_risk_turns=1.0)
     cleared = {}
     for name, control in (("five", FIVE_MINUTES), ("hour", ONE_HOUR)):
         messages = _tool_loop(9, "x = 1\n" * 200)

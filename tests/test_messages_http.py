@@ -49,12 +49,13 @@ async def messages_rig(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
     runners: list[web.AppRunner] = []
     rigs: list[Rig] = []
 
-    async def make(key_env: str = "", place_breakpoints: bool = True) -> Rig:
+    async def make(key_env: str = "", place_breakpoints: bool = True, first_edit_risk_turns: float = 0.0) -> Rig:
         sim_runner, sim_url = await start_simulator(SimulatorConfig(record_limit=50))
         runners.append(sim_runner)
         settings = load_settings(upstream_url=sim_url, anthropic_url=sim_url.removesuffix("/v1"))
         config = replace(settings.anthropic, api_key_env=key_env, place_breakpoints=place_breakpoints)
-        settings = replace(settings, anthropic=config, path="")
+        policy = replace(settings.policy, first_edit_risk_turns=first_edit_risk_turns)
+        settings = replace(settings, anthropic=config, path="", policy=policy)
         holder = ConfigHolder(settings)
         context = build_context_service(holder)
         proxy_runner, port = await server.start(holder, context=context)

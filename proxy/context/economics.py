@@ -22,6 +22,11 @@ TURNS_TO_COME = 1.0
 # whatever its bets do, a session keeps at least the rest. 1.0 let the savings of free edits at an
 # expired cache fund bets that lost more (`bench idle`: 1.076 of direct; 0.872 at 0.5, 0.25 no better).
 STAKE = 0.5
+# Beyond that stake, an edit may cost what it wins back on this many turns after it. 1: unless the
+# session ends on the very turn of the edit, its edits never bill it above no edits at all. The first
+# edit's allowance was one turn's whole bill until 24 sampled runs showed 3 ending before it was repaid
+# (1.006-1.011 of direct at d = 0.1); 2 to 8 turns bill some trace above direct too (`bench epoch-rule`).
+REPAY_TURNS = 1.0
 
 # One block of a request as the cache sees it: its exact bytes and its tokens.
 Block = tuple[bytes, int]
@@ -98,17 +103,20 @@ def billed_input(discount: float, write: float, cached: float, uncached: float) 
     return discount * cached + write * uncached
 
 
-def within_budget(cost: float, banked: float, turn: float, *, first: bool = True) -> bool:
-    """Whether an edit costing `cost` billed tokens this turn may be made, with `banked` saved so far
-    and `turn` the bill of this request sent as the client wrote it.
+def within_budget(
+    cost: float, banked: float, per_turn: float, first_turn: float = 0.0, risk_turns: float = 0.0
+) -> bool:
+    """Whether an edit costing `cost` billed tokens this turn may be made, with `banked` saved so far,
+    `per_turn` the billed tokens it saves on each turn after this one (`epoch_saving` of one turn), and
+    `first_turn` this request's bill as the client wrote it when the edit is the session's first (else 0),
+    of which it may bet `risk_turns` (`Policy.first_edit_risk_turns`).
 
-    An edit that frees more than its rewrite costs is always made; one that costs more this turn
-    stakes at most `STAKE` of the savings the session's edits have banked, and the session's `first`
-    edit at most one more turn's bill: however soon a session ends, its edits have cost it at most
-    about one turn more than no edits at all, and a later bet that loses gives back at most half of
-    what was saved.
+    An edit that frees more than its rewrite costs is always made. One that costs more may stake
+    `STAKE` of the savings the session's edits have banked, plus what it wins back by the
+    `REPAY_TURNS` turns after it: with no risk, a session that goes on for one more turn has lost at
+    most the stake, so its edits keep it at or under no edits at all.
     """
-    return cost <= STAKE * max(0.0, banked) + (turn if first else 0.0)
+    return cost <= STAKE * max(0.0, banked) + REPAY_TURNS * per_turn + risk_turns * first_turn
 
 
 def cached_prefix(previous: Sequence[Block], current: Sequence[Block]) -> int:

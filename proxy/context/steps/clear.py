@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER, ClearPlan, ClearToolOutputs
 from proxy.context.draft import Draft
-from proxy.context.economics import epoch_cost, epoch_value, within_budget
+from proxy.context.economics import epoch_cost, epoch_saving, epoch_value, within_budget
 from proxy.context.journal import AS_SENT, CLEARED, DROPPED, Decision, TurnReport
 from proxy.context.messages import Message, content_text, is_tool_output, message_ids
 from proxy.context.recall import outputs_in_use
@@ -61,14 +61,15 @@ class Clearing:
         total = draft.total(counts)
         turns = sum(1 for m in draft.messages if m.get("role") == "assistant")
         d, w = draft.discount, draft.model.write_factor
-        turn_bill = draft.direct_bill()
+        first_turn = 0.0 if draft.journal.epochs else draft.direct_bill()  # what a first edit may bet a share of
+        banked, risk_turns = draft.journal.banked, draft.policy.first_edit_risk_turns
 
         def value(freed: int, first: int) -> float:
             """The net saving expected of freeing `freed` tokens from token `first` on, or -1 when the edit
-            costs more this turn than the session's edits have banked (`economics.within_budget`)."""
+            costs more this turn than the budget allows (`economics.within_budget`)."""
             after = total - freed
             cost = epoch_cost(d, after, first, freed, w)
-            if not within_budget(cost, draft.journal.banked, turn_bill, first=not draft.journal.epochs):
+            if not within_budget(cost, banked, epoch_saving(d, freed, 1.0), first_turn, risk_turns):
                 return -1.0
             return epoch_value(
                 discount=d, tokens_after=after, first_changed=first, freed=freed, turns_so_far=turns, write=w
