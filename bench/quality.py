@@ -189,6 +189,7 @@ class Setting:
 SETTINGS = (
     Setting("proxy default"),
     Setting("proxy miss adaptation off", clear={"miss_keep_tokens": 0}),
+    Setting("proxy first_edit_risk_turns=1", policy={"first_edit_risk_turns": 1.0}),
     Setting("proxy before in-use (keep_tokens=2000)", clear={"in_use_turns": 0, "keep_tokens": 2000}),
     Setting("proxy in-use off", clear={"in_use_turns": 0}),
     Setting("proxy keep_tokens=8000", clear={"keep_tokens": 8000}),
