@@ -377,7 +377,7 @@ class EngineService:
             session = max(named, key=lambda s: s.last_seen, default=None)
         if session is None:
             return None
-        return {**session.to_dict(), **session.journal.recall.summary()}
+        return {**session.to_dict(), **session.journal.summary()}
 
     def _record_metrics(self, policy: str, outcome: Outcome) -> None:
         report = outcome.report

@@ -188,8 +188,11 @@ class Session:
     def to_dict(self) -> dict[str, Any]:
         """The `GET /sessions/{id}` body."""
         cost, direct = self.cost_usd, self.direct_cost_usd
+        last = self.turns[-1].report if self.turns else None
         return {
             **self.summary(),
+            "idle_s": round(self.idle_s, 1),
+            "clearing_held_back_tokens": last.held_back if last else 0,
             "correction": self.correction,
             "cost_usd": cost,
             "direct_cost_usd": direct,

@@ -44,6 +44,13 @@ input_per_mtok = 2.50
 cached_input_per_mtok = 1.25
 output_per_mtok = 10.00
 
+[models."gpt-5*"]
+context_window = 400000
+encoding = "o200k_base"
+input_per_mtok = 1.25
+cached_input_per_mtok = 0.125
+output_per_mtok = 10.00
+
 [policy]
 reserve_output_tokens = 4096
 """
@@ -103,7 +110,9 @@ async def replays(proxy_url: tuple[str, Any]) -> dict[str, Replay]:
     return {name: await replay(root, sim, load_trace(name), f"trace-{name}") for name in list_traces()}
 
 
-async def replay(root: str, sim: Any, trace: Trace, session: str, turns: int | None = None) -> Replay:
+async def replay(
+    root: str, sim: Any, trace: Trace, session: str, turns: int | None = None, model: str = MODEL
+) -> Replay:
     out = Replay()
     extra = {"tools": trace.tools} if trace.tools else {}
     async with openai.AsyncOpenAI(base_url=f"{root}/s/{session}/v1", api_key="sk-trace", max_retries=0) as sdk:
@@ -111,7 +120,7 @@ async def replay(root: str, sim: Any, trace: Trace, session: str, turns: int | N
             if turns is not None and k == turns:
                 break
             raw = await sdk.chat.completions.with_raw_response.create(
-                model=MODEL, messages=messages, stream=True, **extra
+                model=model, messages=messages, stream=True, **extra
             )
             assert [chunk async for chunk in raw.parse()], f"turn {k + 1}: empty stream"
             out.sent.append(messages)
@@ -238,6 +247,25 @@ async def reused_messages(root: str) -> float:
         text = await response.text()
     lines = text.splitlines()
     return sum(float(line.split()[-1]) for line in lines if line.startswith("context_proxy_messages_reused_total"))
+
+
+async def test_with_a_cheap_cache_a_clearing_that_would_not_repay_by_the_next_turn_waits_and_says_so(
+    proxy_url: tuple[str, Any],
+) -> None:
+    """gpt-5 reads its cache at a tenth of the input price. On mini_django's first 60 turns no clearing repays
+    its rewrite by the next turn and nothing is banked to bet: every request goes up as the client sent it, and
+    `/sessions/{id}` shows what a clearing would free, per turn and now."""
+    root, sim = proxy_url
+    run = await replay(root, sim, load_trace("mini_django-11138.tools.json"), "cheap-cache", turns=60, model="gpt-5")
+    assert [h["X-Context-Epoch"] for h in run.headers] == ["0"] * 60
+    assert all(upstream == sent for upstream, sent in zip(run.upstream, run.sent, strict=True))
+    async with aiohttp.ClientSession() as http, http.get(f"{root}/sessions/cheap-cache") as response:
+        session = await response.json()
+    assert session["epochs"] == 0 and session["banked"] == 0 and session["saved_usd"] == pytest.approx(0)
+    held = [t["held_back"] for t in session["turn_details"]]
+    assert held[:3] == [0, 0, 0] and max(held) >= 5_000  # grows as old outputs pile up
+    assert session["clearing_held_back_tokens"] == held[-1] > 0
+    assert session["idle_s"] >= 0
 
 
 async def test_recall_misses_and_reruns_of_cleared_calls_show_per_session_and_per_policy(

@@ -43,6 +43,7 @@ class Draft:
     # The upstream's cache has expired since the session's last request (the shell's clock says so): this
     # request is written in full whatever we send, so an edit re-bills nothing and any edit that frees pays.
     cold: bool = False
+    held_back: int = 0  # tokens a clearing could free this turn (at most) that it does not free: it does not pay yet
 
     @property
     def discount(self) -> float:

@@ -76,6 +76,7 @@ class TurnReport:
     recall_missed: int = 0  # tokens the agent's newest message used that only removed content held
     reruns: int = 0  # calls in it whose output the proxy had cleared
     banked: float = 0.0  # billed input tokens the session's edits have saved after this turn, by our counts
+    held_back: int = 0  # tokens of tool output a clearing could free (at most) that it did not, not paying yet
 
     def headers(self) -> dict[str, str]:
         return {
@@ -112,6 +113,7 @@ _REPORT_FIELDS = (
     "recall_missed",
     "reruns",
     "banked",
+    "held_back",
 )
 
 
@@ -191,6 +193,11 @@ class Journal:
     def record(self, report: TurnReport) -> None:
         self.turn = report.turn
         self.epochs += int(report.epoch)
+
+    def summary(self) -> dict[str, Any]:
+        """What `/sessions/{id}` shows of the journal: edit epochs so far, the billed tokens the edits have saved
+        (`banked`: what an edit that costs more than it frees may stake), and the recall counts."""
+        return {"epochs": self.epochs, "banked": round(self.banked, 1), **self.recall.summary()}
 
     def injected(self) -> set[str]:
         """Keys of the capsules already in the conversation."""

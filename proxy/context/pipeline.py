@@ -106,6 +106,7 @@ def process(
     report = TurnReport(turn=state.turn + 1, tokens_before=draft.total(state.tokens), tokens_after=0, deduped=deduped)
     report.recall_missed, report.reruns = observe_newest(draft, out)
     epoch = _epoch_needed(draft, out, counts)
+    report.held_back = draft.held_back
     if stale := stale_capsules(state, capsules):  # a capsule removed or changed in the config leaves the body
         epoch = Epoch((*epoch.reasons, "capsules"), epoch.plan) if epoch else Epoch(("capsules",))
     if epoch is not None:

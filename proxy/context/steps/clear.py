@@ -57,6 +57,7 @@ class Clearing:
             and unpaid
             and freed < unpaid + max(rules.clear_at_least, unpaid // REPLAN_GROWTH)
         ):
+            draft.held_back = freed
             return None
         total = draft.total(counts)
         turns = sum(1 for m in draft.messages if m.get("role") == "assistant")
@@ -83,6 +84,7 @@ class Clearing:
             return draft.fixed - REPLY_PRIMING + sum(counts[: j if floor is None else min(j, floor)])
 
         if not forced and value(freed, position(draft.where[newest])) <= 0:
+            draft.held_back = freed
             return None
         clear = replace(ClearToolOutputs.from_policy(rules), keep_tokens=keep_tokens)
         visible, digests = draft.visible_output(out)
@@ -99,7 +101,7 @@ class Clearing:
             plan = chosen
         if not plan.ids:
             if not forced:
-                draft.journal.unpaid_bound = freed
+                draft.journal.unpaid_bound = draft.held_back = freed
             return None
         return plan
 
