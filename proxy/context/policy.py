@@ -67,7 +67,7 @@ class Policy:
     # Turns' input a session's first edit that costs more than it frees may risk, beyond what it wins back
     # on the next turn (`economics.within_budget`). 0: edits never bill a session above sending its
     # requests as they were, unless it ends on an edit's turn. 1 saves more with cheap caching (d = 0.1:
-    # 0.92 of direct, not 0.99, on 31 traces) but billed 3 of them up to 1.011 of direct (`bench epoch-rule`).
+    # 0.91 of direct, not 0.99, on 31 traces) but billed 3 of them up to 1.011 of direct (`bench epoch-rule`).
     first_edit_risk_turns: float = 0.0
     clear_tool_outputs: ClearPolicy = field(default_factory=ClearPolicy)
     capsules: CapsulePolicy = field(default_factory=CapsulePolicy)
