@@ -191,7 +191,7 @@ class Session:
         last = self.turns[-1].report if self.turns else None
         return {
             **self.summary(),
-            "idle_s": round(self.idle_s, 1),
+            "idle_s": round(self.idle_s, 3),
             "clearing_held_back_tokens": last.held_back if last else 0,
             "correction": self.correction,
             "cost_usd": cost,
