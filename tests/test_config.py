@@ -86,6 +86,16 @@ def test_an_invalid_policy_value_is_reported(config_dir: Path) -> None:
         load_settings(config_dir / "proxy.toml")
 
 
+@pytest.mark.parametrize("value", ["-1", "inf", "nan"])
+def test_a_first_edit_risk_that_is_negative_or_not_finite_is_refused_in_a_session_file(
+    config_dir: Path, value: str
+) -> None:
+    """Infinite would read as "any bet" on the first edit and turn into nan (no edit at all) on every later one."""
+    (config_dir / "sessions" / "bets.toml").write_text(f'match = ["x"]\n[policy]\nfirst_edit_risk_turns = {value}\n')
+    with pytest.raises(ConfigError, match=r"bets\.toml:3: \[policy\] first_edit_risk_turns"):
+        load_settings(config_dir / "proxy.toml")
+
+
 def test_reload_takes_a_good_change_and_keeps_the_last_good_on_a_broken_one(config_dir: Path) -> None:
     holder = ConfigHolder(load_settings(config_dir / "proxy.toml"))
     assert holder.reload_if_changed() is False

@@ -116,7 +116,8 @@ def within_budget(
     `REPAY_TURNS` turns after it: with no risk, a session that goes on for one more turn has lost at
     most the stake, so its edits keep it at or under no edits at all.
     """
-    return cost <= STAKE * max(0.0, banked) + REPAY_TURNS * per_turn + risk_turns * first_turn
+    risk = risk_turns * first_turn if first_turn > 0 else 0.0
+    return cost <= STAKE * max(0.0, banked) + REPAY_TURNS * per_turn + risk
 
 
 def cached_prefix(previous: Sequence[Block], current: Sequence[Block]) -> int:

@@ -61,6 +61,7 @@ def test_an_edit_that_costs_more_than_it_frees_stakes_half_of_what_was_banked_an
     assert not within_budget(110.0, banked=-5000.0, per_turn=100.0) and within_budget(100.0, -5000.0, 100.0)
     assert within_budget(1100.0, banked=0.0, per_turn=100.0, first_turn=1000.0, risk_turns=1.0)  # a first edit's bet
     assert not within_budget(1100.0, banked=0.0, per_turn=100.0, first_turn=1000.0)  # ... when the policy allows it
+    assert within_budget(-50.0, banked=0.0, per_turn=0.0, first_turn=0.0, risk_turns=float("inf"))  # not a first edit
 
 
 def _turn_bills(requests: list[list], counter, tools, discount: float) -> list[float]:
