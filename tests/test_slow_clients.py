@@ -54,6 +54,8 @@ def _trickle_until_closed(sock: socket.socket, lines: int) -> bool:
                 return True
         except TimeoutError:
             pass
+        except ConnectionResetError:  # closed with unsent data in its buffer: a reset, still a close
+            return True
         try:
             sock.sendall(f"X-Slow-{i}: 1\r\n".encode())
         except (BrokenPipeError, ConnectionResetError):
