@@ -172,9 +172,14 @@ class Session:
         if len(self.turns) > MAX_TURNS_KEPT:
             del self.turns[: len(self.turns) - MAX_TURNS_KEPT]
 
+    @property
+    def last_report(self) -> TurnReport | None:
+        """The engine's report of the latest turn (None before one, or when it went upstream unedited)."""
+        return self.turns[-1].report if self.turns else None
+
     def summary(self) -> dict[str, Any]:
         """The `GET /sessions` row: no message text."""
-        last = self.turns[-1].report if self.turns else None
+        last = self.last_report
         return {
             "id": visible_id(self.id),
             "key": self.id,  # the id scoped by the client's credential: where the state is kept
@@ -187,8 +192,7 @@ class Session:
 
     def to_dict(self) -> dict[str, Any]:
         """The `GET /sessions/{id}` body."""
-        cost, direct = self.cost_usd, self.direct_cost_usd
-        last = self.turns[-1].report if self.turns else None
+        cost, direct, last = self.cost_usd, self.direct_cost_usd, self.last_report
         return {
             **self.summary(),
             "idle_s": round(self.idle_s, 3),
