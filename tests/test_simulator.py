@@ -280,6 +280,16 @@ async def test_a_body_nested_too_deep_is_a_400_not_a_crash(sim):
     assert status == 400 and json.loads(raw)["error"]["param"] == "messages"
 
 
+@pytest.mark.parametrize("options", [True, 3, "usage", [{"include_usage": True}]])
+async def test_stream_options_that_are_not_an_object_are_a_400_not_a_crash(sim, options):
+    """As OpenAI answers it; the proxy forwards such a body as sent when it leaves the turn unedited."""
+    _, url = sim
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "sim-32k", "stream": True, "stream_options": options, "messages": messages}
+    status, _, raw = await post(url, body)
+    assert status == 400 and json.loads(raw)["error"]["param"] == "stream_options"
+
+
 def test_every_request_of_every_trace_pairs_correctly():
     for name in list_traces():
         trace = load_trace(name)

@@ -75,6 +75,10 @@ def request_error(body: Any) -> web.Response | None:
         value = body.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             return openai_error(400, f"Invalid value for '{name}': expected an integer >= 1.", "invalid_request_error")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        message = f"Invalid type for 'stream_options': expected an object, but got {type(options).__name__} instead."
+        return openai_error(400, message, "invalid_request_error", param="stream_options")
     problem = pairing_error(messages)
     return openai_error(400, problem[0], "invalid_request_error", param=problem[1]) if problem else None
 
