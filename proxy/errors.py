@@ -94,6 +94,11 @@ def error_body(
     return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
+def anthropic_error_body(message: str, error_type: str = "api_error") -> bytes:
+    """Anthropic's error JSON, as a response body or an `error` event's data."""
+    return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})
+
+
 def error_response(
     status: int,
     message: str,

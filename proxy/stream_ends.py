@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from proxy.errors import error_body
+from proxy.errors import anthropic_error_body, error_body
 from proxy.metrics import METRICS
 from proxy.sse import Piece
 
@@ -96,11 +96,6 @@ def _responses_error(message: str, code: str, sequence: int | None) -> bytes:
         "error": error,
     }
     return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
-
-
-def anthropic_error_body(message: str, error_type: str = "api_error") -> bytes:
-    """Anthropic's error JSON, as a response body or an `error` event's data."""
-    return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})
 
 
 def _messages_error(message: str, code: str, sequence: int | None) -> bytes:

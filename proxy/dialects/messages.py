@@ -21,8 +21,7 @@ import orjson
 from proxy.context.messages import content_text
 from proxy.dialects.base import HOUR_WRITE_FACTOR, Conversation, Message, Usage, group_digest, opaque, whole_count
 from proxy.dialects.breakpoints import last_is_one_hour, with_breakpoints
-from proxy.errors import InvalidRequest
-from proxy.stream_ends import anthropic_error_body
+from proxy.errors import InvalidRequest, anthropic_error_body
 from proxy.validate import json_body
 
 SYSTEM = -1  # the group of the engine message made from `system`

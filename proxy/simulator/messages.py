@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.errors import anthropic_error_body
 from proxy.simulator.answers import tool_calls
 from proxy.simulator.blocks import (
     MAX_BREAKPOINTS,
@@ -30,7 +31,6 @@ from proxy.simulator.blocks import (
 )
 from proxy.simulator.faults import BODY, number_header, send, send_json
 from proxy.simulator.model import SIMULATOR, Simulator
-from proxy.stream_ends import anthropic_error_body
 from proxy.tokens import counter_for
 
 THOUGHT = "The user wants the failing test fixed. I read the last tool output and decide what to run next."
