@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.config import ConfigHolder, load_settings
+from proxy.config.loader import ConfigHolder, load_settings
 from proxy.service import EngineService, build_context_service
 
 PHASES = ("parse", "prepare", "serialise", "usage")

@@ -20,7 +20,7 @@ import orjson
 from bench.savings import DISCOUNTS, MODELS, Replay, Turn, _row, _session_prefix, _settings
 from bench.stats import table
 from proxy import server
-from proxy.config import ConfigHolder
+from proxy.config.loader import ConfigHolder
 from proxy.service import build_context_service
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 from proxy.traces import Trace, list_traces, load_trace

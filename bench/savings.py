@@ -19,7 +19,7 @@ import orjson
 
 from bench.stats import table
 from proxy import server
-from proxy.config import ConfigHolder, Settings, load_settings
+from proxy.config.loader import ConfigHolder, Settings, load_settings
 from proxy.dialects.chat import overflow_tokens
 from proxy.service import build_context_service
 from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator

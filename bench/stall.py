@@ -22,7 +22,7 @@ import orjson
 from bench.convo import Conversation
 from bench.procs import spawn
 from proxy import rewrite, server
-from proxy.config import ConfigHolder, load_settings
+from proxy.config.loader import ConfigHolder, load_settings
 from proxy.service import build_context_service
 
 PACING_MS = 5

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.config import ConfigHolder, Settings
+from proxy.config.loader import ConfigHolder, Settings
 from proxy.errors import InvalidRequest, ProxyError, error_response
 
 PROXY_KEY_HEADER = "X-Proxy-Key"

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from proxy.config import ConfigHolder
+from proxy.config.loader import ConfigHolder
 from proxy.seam import ContextService
 from proxy.upstream import Upstream
 

@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from proxy.config import DEFAULT_CONFIG, ConfigError, ConfigHolder, ServerConfig, Settings, load_settings
-from proxy.config_schema import Source, validate
+from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, ServerConfig, Settings, load_settings
+from proxy.config.schema import Source, validate
 from proxy.logs import guard_handlers
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

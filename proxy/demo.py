@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.config import ConfigHolder, load_settings
+from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.policy import ModelInfo
 from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from proxy.traces import Trace, list_traces, load_trace, requests

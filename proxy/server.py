@@ -24,7 +24,7 @@ from proxy.access import (
     exposure_problem,
 )
 from proxy.app_keys import CONTEXT, ENGINE_THREAD, HOLDER, PARSES_BODIES, UPSTREAM
-from proxy.config import ConfigHolder
+from proxy.config.loader import ConfigHolder
 from proxy.connections import ConnectionGuard, GuardedSite, raise_file_limit
 from proxy.dialects import MESSAGES
 from proxy.errors import ErrorShape, InvalidRequest, ProxyError, UpstreamError

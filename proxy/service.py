@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.bodies import BodyMemos, Parsed
-from proxy.config import CapsuleSpec, ConfigHolder
+from proxy.config.loader import CapsuleSpec, ConfigHolder
 from proxy.context.calibration import Calibration, refit_correction
 from proxy.context.capsules import Capsule
 from proxy.context.economics import input_cost_usd

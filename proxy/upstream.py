@@ -18,7 +18,7 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.config import ConfigHolder
+from proxy.config.loader import ConfigHolder
 from proxy.errors import UpstreamError
 from proxy.metrics import METRICS
 

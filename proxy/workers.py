@@ -16,7 +16,7 @@ import sys
 import time
 from types import FrameType
 
-from proxy.config import ConfigError, Settings
+from proxy.config.loader import ConfigError, Settings
 
 log = logging.getLogger("proxy.workers")
 

@@ -17,7 +17,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.config import AnthropicConfig, AuthConfig, ConfigHolder, ServerConfig, Settings, StateConfig, UpstreamConfig
+from proxy.config.loader import (
+    AnthropicConfig,
+    AuthConfig,
+    ConfigHolder,
+    ServerConfig,
+    Settings,
+    StateConfig,
+    UpstreamConfig,
+)
 from proxy.server import UPSTREAM, create_app, serve_app
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 

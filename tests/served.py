@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.config import DEFAULT_CONFIG
+from proxy.config.loader import DEFAULT_CONFIG
 
 START_TIMEOUT_S = 30
 _LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")

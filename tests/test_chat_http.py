@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from proxy import service
-from proxy.config import ConfigHolder, load_settings
+from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.tokens import canonical_bytes
 from proxy.service import build_context_service
 from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator

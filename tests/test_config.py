@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import (
+from proxy.config.loader import (
     DEFAULT_CONFIG,
     ConfigError,
     ConfigHolder,

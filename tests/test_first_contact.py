@@ -108,7 +108,7 @@ async def test_metrics_have_one_prefix_counters_at_zero_and_process_metrics(tmp_
 async def packaged_proxy():
     """The simulator and a proxy running the packaged config (its model table), as `context-proxy serve` would."""
     from proxy import server
-    from proxy.config import ConfigHolder, load_settings
+    from proxy.config.loader import ConfigHolder, load_settings
     from proxy.service import build_context_service
 
     sim_runner, sim_url = await start_simulator()

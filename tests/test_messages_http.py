@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from proxy import server
-from proxy.config import ConfigHolder, load_settings
+from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.clearing import PLACEHOLDER
 from proxy.service import build_context_service
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator

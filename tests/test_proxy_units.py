@@ -6,7 +6,7 @@ import pytest
 from multidict import CIMultiDict
 
 from proxy import cli
-from proxy.config import ConfigHolder, load_settings
+from proxy.config.loader import ConfigHolder, load_settings
 from proxy.metrics import Registry
 from proxy.upstream import Upstream, end_to_end
 from proxy.validate import InvalidRequest, parse_chat_body

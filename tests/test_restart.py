@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.config import ConfigHolder
+from proxy.config.loader import ConfigHolder
 from proxy.context.policy import ModelInfo
 from proxy.simulator import SimulatorConfig, start_simulator
 from tests.harness import make_settings, serve_proxy, settle

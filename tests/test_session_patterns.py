@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.config import DEFAULT_CONFIG, ConfigError, ConfigHolder, UpstreamConfig, load_settings
+from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, UpstreamConfig, load_settings
 from proxy.service import build_context_service
 from proxy.simulator import start_simulator
 from tests.harness import serve_proxy

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.config import StateConfig
+from proxy.config.loader import StateConfig
 from proxy.context.economics import input_cost_usd
 from proxy.context.journal import TurnReport
 from proxy.context.policy import ModelInfo

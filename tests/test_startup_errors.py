@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import check_startup
-from proxy.config import DEFAULT_CONFIG, ConfigError, ConfigHolder, load_settings
+from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, load_settings
 
 # (what to write, file, old text, new text, what the one line must say)
 CONFIG_MISTAKES = [

@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 import redis
 
-from proxy.config import ConfigHolder, load_settings
+from proxy.config.loader import ConfigHolder, load_settings
 from proxy.server import start
 from proxy.service import build_context_service
 from proxy.simulator import SIMULATOR, start_simulator

@@ -18,7 +18,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from proxy.config import ConfigHolder, load_settings
+from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.clearing import PLACEHOLDER
 from proxy.context.messages import content_text
 from proxy.server import start

@@ -1,6 +1,6 @@
 """A session's policy: the knobs of the context engine, as plain frozen data.
 
-`proxy.config` builds these from TOML (defaults, then a session file's overrides);
+`proxy.config.loader` builds these from TOML (defaults, then a session file's overrides);
 the engine only reads them.
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.config import ConfigError, StateConfig
+from proxy.config.loader import ConfigError, StateConfig
 from proxy.state.memory import SessionStore, StoredTurn
 from proxy.state.sqlite import SqliteStore
 

@@ -34,7 +34,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from proxy.config import StateConfig
+from proxy.config.loader import StateConfig
 from proxy.context.calibration import RATIO_SMOOTHING, observed_ratio
 from proxy.metrics import METRICS
 from proxy.sessions import MAX_TURNS_KEPT, Session

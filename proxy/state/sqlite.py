@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from proxy.config import ConfigError
+from proxy.config.loader import ConfigError
 from proxy.metrics import METRICS
 from proxy.sessions import Session
 from proxy.state.codec import FIELDS, journal_bytes, session_from, turns_bytes

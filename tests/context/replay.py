@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import orjson
 
-from proxy.config import load_settings
+from proxy.config.loader import load_settings
 from proxy.context.economics import Bill, Block, bill
 from proxy.context.journal import Journal
 from proxy.context.pipeline import Outcome, process

@@ -1,6 +1,6 @@
 """The one config loader: `proxy.toml` plus `sessions/*.toml`, re-read when they change.
 
-Every key is checked (`proxy.config_schema`): a broken file is reported in one line with its
+Every key is checked (`proxy.config.schema`): a broken file is reported in one line with its
 path, line and key, and on reload the last good version stays in force.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from proxy.config_schema import ConfigError, Source, checked, validate
+from proxy.config.schema import ConfigError, Source, checked, validate
 from proxy.context.policy import ModelInfo, Policy, policy_from_dict
 
 log = logging.getLogger("proxy.config")
@@ -24,7 +24,7 @@ log = logging.getLogger("proxy.config")
 MAX_MODELS_CACHED = 1024
 
 # Packaged with the code (package data), so any install serves from any folder; copy it to change it.
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "data" / "config" / "proxy.toml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "data" / "config" / "proxy.toml"
 
 
 @dataclass(frozen=True)
