@@ -11,7 +11,7 @@ import itertools
 from typing import Any
 
 from proxy.context.tokens import REPLY_PRIMING
-from proxy.tokens import TokenCounter
+from proxy.tokens.counter import TokenCounter
 from proxy.traces import load_trace
 
 TRACE = "mini_django-11138.tools.json"

@@ -61,7 +61,7 @@ def rule(turns_to_come: float, first_edit_risk: float, stake: float, repay_turns
 
 
 def run_epoch_rule() -> dict[str, Any]:
-    from proxy.tokens import counter_for
+    from proxy.tokens.counter import counter_for
 
     counter = counter_for("o200k_base")
     sets = {

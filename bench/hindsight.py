@@ -104,7 +104,7 @@ def best_schedule(name: str, counter: Counter, d: float, w: float) -> dict[str, 
 
 
 def run_hindsight() -> dict[str, Any]:
-    from proxy.tokens import counter_for
+    from proxy.tokens.counter import counter_for
 
     counter = counter_for("o200k_base")
     rows = [best_epoch(name, counter) for name in TRACE_NAMES]

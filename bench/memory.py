@@ -30,11 +30,11 @@ STREAM_MODEL = "gpt-4.1"  # 1M window: a 1 MB request fits
 
 # Run in a fresh interpreter: RSS before and after loading o200k_base the proxy's way.
 _ENCODING_RSS = """
-import tiktoken, proxy.encodings
+import tiktoken, proxy.tokens.encodings
 def rss():
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmRSS:"))
 before = rss()
-proxy.encodings.get_encoding("o200k_base")
+proxy.tokens.encodings.get_encoding("o200k_base")
 print(before, rss())
 """
 
@@ -87,7 +87,7 @@ def session_state_traced(tokens: int) -> dict[str, Any]:
     """In-process: bytes still allocated after one session's conversation, once the request bodies are gone.
 
     Split in three: what the session owns (journal, stats), what went into the shared, bounded
-    token-count cache (`proxy/tokens.py`, one LRU per encoding for every session), and the body
+    token-count cache (`proxy/tokens/counter.py`, one LRU per encoding for every session), and the body
     memo (`proxy/bodies.py`: the last body's messages, parsed, within `[state] body_memo_mb`; it also
     holds the digests, which the journal shares).
     """
@@ -115,7 +115,7 @@ def session_state_traced(tokens: int) -> dict[str, Any]:
         diff = after.filter_traces([where]).compare_to(before.filter_traces([where]), "filename")
         return sum(d.size_diff for d in diff)
 
-    shared, memo = allocated_in("*/proxy/tokens.py"), allocated_in("*/proxy/bodies.py")
+    shared, memo = allocated_in("*/proxy/tokens/counter.py"), allocated_in("*/proxy/bodies.py")
     return {
         "traced_per_session": retained - shared - memo,
         "traced_shared_cache": shared,

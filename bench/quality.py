@@ -232,7 +232,7 @@ def held_out(sample: str = "") -> list[Path]:
 
 
 def run_quality(sets: dict[str, list[str | Path]] | None = None, plot: bool = True) -> dict[str, Any]:
-    from proxy.tokens import counter_for
+    from proxy.tokens.counter import counter_for
 
     counter = counter_for("o200k_base")
     sets = sets or {

@@ -31,7 +31,7 @@ from proxy.metrics import METRICS
 from proxy.seam import PassthroughTurn
 from proxy.sessions import SESSION_HEADER, Session, TurnStats, header_value, scoped_key, session_id_for, visible_id
 from proxy.state import SessionStore, store_from_config
-from proxy.tokens import TokenCounter, counter_for
+from proxy.tokens.counter import TokenCounter, counter_for
 
 _POLICY = ("policy",)
 log = logging.getLogger("proxy.service")

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from proxy.simulator import SimulatorConfig
-from proxy.tokens import counter_for
+from proxy.tokens.counter import counter_for
 from tests.harness import ENGINES, Rig, chat_body, settle, start_rig
 
 

@@ -19,7 +19,7 @@ from proxy.context.clearing import PLACEHOLDER
 from proxy.context.policy import ModelInfo
 from proxy.simulator import SimulatorConfig
 from proxy.simulator.items import seal
-from proxy.tokens import counter_for
+from proxy.tokens.counter import counter_for
 from proxy.traces import load_trace
 from proxy.traces_responses import responses_requests
 from tests.conftest import MakeRig

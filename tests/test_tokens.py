@@ -8,10 +8,10 @@ import importlib.resources
 
 import pytest
 
-from proxy import encodings
 from proxy.context.pipeline import tools_tokens
-from proxy.encodings import EncodingUnavailable, get_encoding
-from proxy.tokens import TokenCounter, counter_for, encoding_for_model
+from proxy.tokens import encodings
+from proxy.tokens.counter import TokenCounter, counter_for, encoding_for_model
+from proxy.tokens.encodings import EncodingUnavailable, get_encoding
 
 
 def test_both_encodings_load_offline_and_tokenize_like_tiktoken() -> None:

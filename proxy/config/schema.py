@@ -24,7 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from proxy.context.patterns import pattern_problem
 from proxy.context.policy import TRUNCATIONS
-from proxy.encodings import PACKAGED_FILES
+from proxy.tokens.encodings import PACKAGED_FILES
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """How the pure engine counts tokens: any object with these two methods will do.
 
-The proxy passes a tiktoken-backed counter (`proxy.tokens.TokenCounter`); tests and
+The proxy passes a tiktoken-backed counter (`proxy.tokens.counter.TokenCounter`); tests and
 the seed types default to the heuristic one, as the seeds' `HeuristicTokenCounter`.
 """
 

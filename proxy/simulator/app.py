@@ -25,7 +25,7 @@ from proxy.simulator.answers import (
 )
 from proxy.simulator.faults import BODY, number_header, record_and_fault, send, send_json
 from proxy.simulator.model import SIMULATOR, Simulator, SimulatorConfig
-from proxy.tokens import counter_for, encoding_for_model
+from proxy.tokens.counter import counter_for, encoding_for_model
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.context.tokens import canonical_bytes
-from proxy.tokens import counter_for
+from proxy.tokens.counter import counter_for
 
 _KEY = b"context-proxy simulator: thinking signature"  # a test upstream's key: what matters is that only it signs
 LOOKBACK_BLOCKS = 20  # Anthropic checks for hits this many block boundaries before each breakpoint

@@ -31,7 +31,7 @@ from proxy.simulator.blocks import (
 )
 from proxy.simulator.faults import BODY, number_header, send, send_json
 from proxy.simulator.model import SIMULATOR, Simulator
-from proxy.tokens import counter_for
+from proxy.tokens.counter import counter_for
 
 THOUGHT = "The user wants the failing test fixed. I read the last tool output and decide what to run next."
 

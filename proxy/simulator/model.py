@@ -16,7 +16,7 @@ from multidict import CIMultiDict
 
 from proxy.context.messages import message_digest
 from proxy.context.tokens import REPLY_PRIMING, canonical_bytes
-from proxy.tokens import counter_for, encoding_for_model
+from proxy.tokens.counter import counter_for, encoding_for_model
 
 DEFAULT_ANSWER = (
     "I looked at the files you showed me. The failing test comes from the timezone conversion in the "

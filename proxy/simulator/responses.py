@@ -17,7 +17,7 @@ from proxy.simulator.answers import openai_error, tool_calls
 from proxy.simulator.faults import BODY, number_header, send, send_json
 from proxy.simulator.items import input_messages, input_problem, seal
 from proxy.simulator.model import SIMULATOR, Simulator
-from proxy.tokens import counter_for, encoding_for_model
+from proxy.tokens.counter import counter_for, encoding_for_model
 
 STORED = web.AppKey("sim_stored_responses", dict)  # response id -> (its input items, the response)
 WINDOW_MESSAGE = "Your input exceeds the context window of this model. Please adjust your input and try again."

@@ -136,7 +136,7 @@ def problems(run_: Run) -> list[str]:
 
 
 def main() -> None:
-    from proxy.tokens import counter_for
+    from proxy.tokens.counter import counter_for
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keep-tokens", type=int, default=None)

@@ -11,7 +11,7 @@ import tiktoken
 
 from proxy.context.messages import message_digest
 from proxy.context.tokens import framing, message_text, stated_tokens
-from proxy.encodings import get_encoding
+from proxy.tokens.encodings import get_encoding
 
 # Model name prefixes whose tokenizer is known; anything else takes the configured default.
 # Texts at least this long are cached by digest; shorter ones are cheaper to encode again.
