@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from proxy.context.messages import message_digest
-from proxy.validate import check_messages, parse_chat_body
+from proxy.dialects.body_checks import check_messages, parse_chat_body
 
 # Stands in for the remembered messages; random per process, so no client can send it.
 MARKER = "\x00context-proxy-remembered-" + secrets.token_hex(16)

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from proxy import bodies as bodies_module
 from proxy.bodies import PER_SCOPE, BodyMemos, array_end, messages_start
 from proxy.context.messages import message_digest
+from proxy.dialects.body_checks import InvalidRequest, parse_chat_body
 from proxy.traces import load_trace, requests
-from proxy.validate import InvalidRequest, parse_chat_body
 
 TRACE = load_trace("sweagent_marshmallow-1867.json")
 MB = 1024 * 1024

@@ -7,9 +7,9 @@ from multidict import CIMultiDict
 
 from proxy import cli
 from proxy.config.loader import ConfigHolder, load_settings
+from proxy.dialects.body_checks import InvalidRequest, parse_chat_body
 from proxy.metrics import Registry
 from proxy.upstream import Upstream, end_to_end
-from proxy.validate import InvalidRequest, parse_chat_body
 
 
 def test_well_formed_bodies_pass_validation_unchanged():

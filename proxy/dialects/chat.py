@@ -10,8 +10,8 @@ import orjson
 
 from proxy.context.messages import message_digest
 from proxy.dialects.base import Conversation, Message, Usage, cached_usage, retention_ttl, whole_count
+from proxy.dialects.body_checks import parse_chat_body
 from proxy.errors import error_body
-from proxy.validate import parse_chat_body
 
 _OVERFLOW_PATTERNS = (
     re.compile(r"resulted in (\d+) tokens"),

@@ -20,9 +20,9 @@ import orjson
 
 from proxy.context.messages import content_text
 from proxy.dialects.base import HOUR_WRITE_FACTOR, Conversation, Message, Usage, group_digest, opaque, whole_count
+from proxy.dialects.body_checks import json_body
 from proxy.dialects.breakpoints import last_is_one_hour, with_breakpoints
 from proxy.errors import InvalidRequest, anthropic_error_body
-from proxy.validate import json_body
 
 SYSTEM = -1  # the group of the engine message made from `system`
 TOOL_RESULT, TOOL_USE = "tool_result", "tool_use"

@@ -35,9 +35,9 @@ from proxy.dialects.base import (
     opaque,
     retention_ttl,
 )
+from proxy.dialects.body_checks import json_body
 from proxy.dialects.chat import max_output_tokens
 from proxy.errors import InvalidRequest, error_body
-from proxy.validate import json_body
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
