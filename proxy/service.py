@@ -29,8 +29,16 @@ from proxy.dialects.base import writes_at
 from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
 from proxy.seam import PassthroughTurn
-from proxy.sessions import SESSION_HEADER, Session, TurnStats, header_value, scoped_key, session_id_for, visible_id
 from proxy.state import SessionStore, store_from_config
+from proxy.state.sessions import (
+    SESSION_HEADER,
+    Session,
+    TurnStats,
+    header_value,
+    scoped_key,
+    session_id_for,
+    visible_id,
+)
 from proxy.tokens.counter import TokenCounter, counter_for
 
 _POLICY = ("policy",)

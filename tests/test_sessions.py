@@ -12,7 +12,8 @@ from proxy.context.economics import input_cost_usd
 from proxy.context.journal import TurnReport
 from proxy.context.policy import ModelInfo
 from proxy.dialects import CHAT
-from proxy.sessions import (
+from proxy.state import SessionStore, SqliteStore, store_from_config
+from proxy.state.sessions import (
     MAX_ID_LENGTH,
     MAX_TURNS_KEPT,
     Session,
@@ -20,7 +21,6 @@ from proxy.sessions import (
     sanitize_session_id,
     session_id_for,
 )
-from proxy.state import SessionStore, SqliteStore, store_from_config
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 TASK = {"role": "user", "content": "Fix the failing test."}

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from proxy.sessions import Session, TurnStats
+from proxy.state.sessions import Session, TurnStats
 
 # The scalar fields a stored session carries besides its journal and turn details.
 FIELDS = ("policy", "last_seen", "correction", "direct_prompt_tokens", "turn_count", "cost_usd", "direct_cost_usd")

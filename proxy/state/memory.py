@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from proxy.context.calibration import Calibration
 from proxy.context.journal import Journal
-from proxy.sessions import Session, TurnStats
+from proxy.state.sessions import Session, TurnStats
 
 log = logging.getLogger("proxy.state")
 

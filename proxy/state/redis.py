@@ -37,9 +37,9 @@ from redis.exceptions import RedisError
 from proxy.config.loader import StateConfig
 from proxy.context.calibration import RATIO_SMOOTHING, observed_ratio
 from proxy.metrics import METRICS
-from proxy.sessions import MAX_TURNS_KEPT, Session
 from proxy.state.codec import journal_bytes, session_from
 from proxy.state.memory import SessionStore, StoredTurn
+from proxy.state.sessions import MAX_TURNS_KEPT, Session
 from proxy.state.sqlite import STATE_FAILURES, STATE_TOO_LARGE
 
 log = logging.getLogger("proxy.state")

@@ -20,9 +20,9 @@ from typing import Any
 
 from proxy.config.loader import ConfigError
 from proxy.metrics import METRICS
-from proxy.sessions import Session
 from proxy.state.codec import FIELDS, journal_bytes, session_from, turns_bytes
 from proxy.state.memory import SessionStore
+from proxy.state.sessions import Session
 
 log = logging.getLogger("proxy.state")
 
