@@ -1,7 +1,7 @@
 """The proxy's per-request work, in this process: parse, `ContextService.prepare`, serialise, record usage.
 
 Parsing goes through `ContextService.parse_body`, as the server's does: a warm turn parses only
-what follows the session's last body (proxy/bodies.py).
+what follows the session's last body (proxy/service/body_memos.py).
 
 This is what the server does for a chat request besides moving bytes; measuring it here
 keeps event-loop and socket noise out of CPU figures.
@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from proxy.config.loader import ConfigHolder, load_settings
-from proxy.service import EngineService, build_context_service
+from proxy.service.engine_service import EngineService, build_context_service
 
 PHASES = ("parse", "prepare", "serialise", "usage")
 

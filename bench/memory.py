@@ -88,7 +88,7 @@ def session_state_traced(tokens: int) -> dict[str, Any]:
 
     Split in three: what the session owns (journal, stats), what went into the shared, bounded
     token-count cache (`proxy/tokens/counter.py`, one LRU per encoding for every session), and the body
-    memo (`proxy/bodies.py`: the last body's messages, parsed, within `[state] body_memo_mb`; it also
+    memo (`proxy/service/body_memos.py`: the last body's messages, parsed, within `[state] body_memo_mb`; it also
     holds the digests, which the journal shares).
     """
     svc = service()
@@ -115,7 +115,7 @@ def session_state_traced(tokens: int) -> dict[str, Any]:
         diff = after.filter_traces([where]).compare_to(before.filter_traces([where]), "filename")
         return sum(d.size_diff for d in diff)
 
-    shared, memo = allocated_in("*/proxy/tokens/counter.py"), allocated_in("*/proxy/bodies.py")
+    shared, memo = allocated_in("*/proxy/tokens/counter.py"), allocated_in("*/proxy/service/body_memos.py")
     return {
         "traced_per_session": retained - shared - memo,
         "traced_shared_cache": shared,

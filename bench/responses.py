@@ -21,7 +21,7 @@ from bench.savings import DISCOUNTS, MODELS, Replay, Turn, _row, _session_prefix
 from bench.stats import table
 from proxy import server
 from proxy.config.loader import ConfigHolder
-from proxy.service import build_context_service
+from proxy.service.engine_service import build_context_service
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 from proxy.traces import Trace, list_traces, load_trace
 from proxy.traces_responses import responses_requests

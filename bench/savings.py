@@ -21,7 +21,7 @@ from bench.stats import table
 from proxy import server
 from proxy.config.loader import ConfigHolder, Settings, load_settings
 from proxy.dialects.chat import overflow_tokens
-from proxy.service import build_context_service
+from proxy.service.engine_service import build_context_service
 from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from proxy.traces import Trace, list_traces, load_trace, requests
 

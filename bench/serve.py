@@ -42,7 +42,7 @@ async def _start(ns: argparse.Namespace) -> tuple[web.AppRunner, int, str]:
     holder = ConfigHolder(load_settings(upstream_url=ns.upstream), upstream_url=ns.upstream)
     context, engine = None, "passthrough"
     if not ns.passthrough:
-        from proxy.service import build_context_service
+        from proxy.service.engine_service import build_context_service
 
         context, engine = build_context_service(holder), "context"
     runner, port = await server.start(holder, "127.0.0.1", 0, context=context)

@@ -23,7 +23,7 @@ from bench.convo import Conversation
 from bench.procs import spawn
 from proxy import rewrite, server
 from proxy.config.loader import ConfigHolder, load_settings
-from proxy.service import build_context_service
+from proxy.service.engine_service import build_context_service
 
 PACING_MS = 5
 SIZE = 200_000

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 
 from proxy.config.loader import ConfigHolder
-from proxy.seam import ContextService
+from proxy.service.seam import ContextService
 from proxy.upstream import Upstream
 
 HOLDER = web.AppKey("holder", ConfigHolder)

@@ -69,7 +69,7 @@ def _context_service(holder: ConfigHolder, passthrough: bool):  # -> ContextServ
     if passthrough:
         return None
     try:
-        from proxy.service import build_context_service
+        from proxy.service.engine_service import build_context_service
     except ImportError as exc:  # a partial install: still a working proxy, and say so loudly
         logging.getLogger("proxy.cli").error("context engine unavailable (%s); chat bodies pass unchanged", exc)
         return None

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from proxy.errors import UpstreamError
 from proxy.metrics import METRICS
-from proxy.seam import PreparedTurn
+from proxy.service.seam import PreparedTurn
 from proxy.sse import EVENT_END, MAX_EVENT_BYTES, Piece, SseEvents, event_data
 from proxy.stream_ends import STREAM_APIS, EndWatch
 from proxy.upstream import end_to_end

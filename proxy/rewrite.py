@@ -25,7 +25,7 @@ from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.metrics import METRICS
 from proxy.relay import read_head, relay
 from proxy.request_body import buffered_body
-from proxy.seam import BodyParser, ContextService, PassthroughTurn, PreparedTurn
+from proxy.service.seam import BodyParser, ContextService, PassthroughTurn, PreparedTurn
 
 log = logging.getLogger("proxy.server")
 

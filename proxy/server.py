@@ -1,6 +1,6 @@
 """The aiohttp shell: routes, body limits, the chat path through the engine, everything else verbatim.
 
-Decisions about messages live in the engine behind `ContextService` (proxy/seam.py);
+Decisions about messages live in the engine behind `ContextService` (proxy/service/seam.py);
 this module only moves bytes and turns failures into OpenAI-shaped errors.
 """
 
@@ -33,7 +33,7 @@ from proxy.metrics import METRICS
 from proxy.relay import relay
 from proxy.request_body import BODY_BUDGET, BodyBudget, StreamedBody, max_body, too_large
 from proxy.rewrite import REWRITE_ROUTES, ROUTE_DIALECTS
-from proxy.seam import BodyParser, ContextService, PassthroughService
+from proxy.service.seam import BodyParser, ContextService, PassthroughService
 from proxy.stream_ends import api_for_path
 from proxy.upstream import Upstream, is_anthropic
 from proxy.websocket import is_websocket, websocket

@@ -138,7 +138,7 @@ async def start_rig(
         sim_runner, upstream_url = await start_simulator(sim_config)
     holder = ConfigHolder(make_settings(upstream_url, **sections))
     if engine:
-        from proxy.service import build_context_service
+        from proxy.service.engine_service import build_context_service
 
         context = build_context_service(holder)
     runner, port = await serve_proxy(holder, context, outer)

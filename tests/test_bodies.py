@@ -1,4 +1,4 @@
-"""proxy.bodies: a warm turn's body parsed from what is new, always equal to the full parse."""
+"""proxy.service.body_memos: a warm turn's body parsed from what is new, always equal to the full parse."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy import bodies as bodies_module
-from proxy.bodies import PER_SCOPE, BodyMemos, array_end, messages_start
 from proxy.context.messages import message_digest
 from proxy.dialects.body_checks import InvalidRequest, parse_chat_body
+from proxy.service import body_memos as bodies_module
+from proxy.service.body_memos import PER_SCOPE, BodyMemos, array_end, messages_start
 from proxy.traces import load_trace, requests
 
 TRACE = load_trace("sweagent_marshmallow-1867.json")

@@ -16,10 +16,10 @@ import aiohttp
 import openai
 import pytest
 
-from proxy import service
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.tokens import canonical_bytes
-from proxy.service import build_context_service
+from proxy.service import engine_service as service
+from proxy.service.engine_service import build_context_service
 from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from tests.harness import Rig, serve_proxy
 

@@ -109,7 +109,7 @@ async def packaged_proxy():
     """The simulator and a proxy running the packaged config (its model table), as `context-proxy serve` would."""
     from proxy import server
     from proxy.config.loader import ConfigHolder, load_settings
-    from proxy.service import build_context_service
+    from proxy.service.engine_service import build_context_service
 
     sim_runner, sim_url = await start_simulator()
     holder = ConfigHolder(load_settings(upstream_url=sim_url), upstream_url=sim_url)

@@ -17,7 +17,7 @@ from proxy.context.clearing import PLACEHOLDER
 from proxy.context.policy import ModelInfo
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.dialects.base import Conversation
-from proxy.service import cache_is_cold
+from proxy.service.engine_service import cache_is_cold
 from tests.test_messages_http import SYSTEM, Rig, messages_rig
 
 __all__ = ["messages_rig"]  # the fixture this module uses

@@ -51,7 +51,7 @@ def turn_messages(history: list[dict[str, Any]], n: int) -> list[dict[str, Any]]
 
 
 async def start_proxy(sim_url: str, state_path: str) -> tuple[Any, int, Any]:
-    from proxy.service import build_context_service
+    from proxy.service.engine_service import build_context_service
 
     settings = make_settings(sim_url, state={"path": state_path}, policy=POLICY)
     model = ModelInfo(pattern="sim-*", context_window=8000, input_per_mtok=1.0, cached_input_per_mtok=0.1)

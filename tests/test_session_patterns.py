@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, UpstreamConfig, load_settings
-from proxy.service import build_context_service
+from proxy.service.engine_service import build_context_service
 from proxy.simulator import start_simulator
 from tests.harness import serve_proxy
 

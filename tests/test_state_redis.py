@@ -25,7 +25,7 @@ import redis
 
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.server import start
-from proxy.service import build_context_service
+from proxy.service.engine_service import build_context_service
 from proxy.simulator import SIMULATOR, start_simulator
 from proxy.traces import list_traces, load_trace, requests
 from tests.harness import closed_port, settle

@@ -22,7 +22,7 @@ from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.clearing import PLACEHOLDER
 from proxy.context.messages import content_text
 from proxy.server import start
-from proxy.service import build_context_service
+from proxy.service.engine_service import build_context_service
 from proxy.simulator import SIMULATOR, start_simulator
 from proxy.traces import Trace, list_traces, load_trace, requests
 from tests.pairing import check_pairing
@@ -221,7 +221,7 @@ async def test_regenerated_history_cuts_the_journal_and_arrives_as_edited(proxy_
 async def test_a_warm_turn_parsed_from_the_last_body_sends_upstream_what_a_full_parse_sends(
     proxy_url: tuple[str, Any], simulator: tuple[str, Any], tmp_path: Any
 ) -> None:
-    """proxy.bodies reuses each turn's repeated prefix; a proxy with `body_memo_mb = 0` parses every body whole."""
+    """The body memos reuse each turn's repeated prefix; a proxy with `body_memo_mb = 0` parses every body whole."""
     root, sim = proxy_url
     trace = load_trace("mini_django-11138.tools.json")
     before = await reused_messages(root)

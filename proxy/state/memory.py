@@ -20,7 +20,7 @@ log = logging.getLogger("proxy.state")
 
 
 class StoredTurn(Protocol):
-    """What a store needs from a prepared turn (`proxy.service.EngineTurn`) to write it."""
+    """What a store needs from a prepared turn (`proxy.service.engine_service.EngineTurn`) to write it."""
 
     session: Session
     stats: TurnStats

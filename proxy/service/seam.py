@@ -1,6 +1,6 @@
 """The seam between the HTTP shell and the context engine (docs/architecture.md).
 
-The shell only knows these Protocols; `proxy.service` implements them for real and
+The shell only knows these Protocols; `proxy.service.engine_service` implements them for real and
 `PassthroughService` forwards every body unchanged, so the shell runs and is tested alone.
 """
 

@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.bodies import BodyMemos, Parsed
 from proxy.config.loader import CapsuleSpec, ConfigHolder
 from proxy.context.calibration import Calibration, refit_correction
 from proxy.context.capsules import Capsule
@@ -28,7 +27,8 @@ from proxy.dialects import CHAT, Conversation, Dialect, Usage
 from proxy.dialects.base import writes_at
 from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
-from proxy.seam import PassthroughTurn
+from proxy.service.body_memos import BodyMemos, Parsed
+from proxy.service.seam import PassthroughTurn
 from proxy.state import SessionStore, store_from_config
 from proxy.state.sessions import (
     SESSION_HEADER,
@@ -135,7 +135,7 @@ def cache_is_cold(model: ModelInfo, conversation: Conversation, idle_s: float) -
 
 
 class EngineTurn:
-    """One prepared request (`proxy.seam.PreparedTurn`): the body to send and what to learn from the answer."""
+    """One prepared request (`proxy.service.seam.PreparedTurn`): the body to send and what to learn from the answer."""
 
     def __init__(
         self,
@@ -290,7 +290,7 @@ class EngineService:
     def parse_body(
         self, raw: bytes, *, path_session: str | None, headers: Mapping[str, str], credential: str
     ) -> Parsed:
-        """A chat body, its repeated prefix taken from this conversation's last body (proxy.bodies)."""
+        """A chat body, its repeated prefix taken from this conversation's last body (proxy.service.body_memos)."""
         self.bodies.budget = self.holder.settings.state.body_memo_bytes  # follows a config reload
         client = hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()[:32]  # no key kept in memory
         scope = f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
