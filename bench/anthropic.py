@@ -22,9 +22,9 @@ import aiohttp
 import orjson
 
 from bench.stats import table
-from proxy import server
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.service.engine_service import build_context_service
+from proxy.shell import server
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 from proxy.traces import Trace, list_traces, load_trace
 from proxy.traces_messages import messages_requests

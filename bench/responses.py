@@ -19,9 +19,9 @@ import orjson
 
 from bench.savings import DISCOUNTS, MODELS, Replay, Turn, _row, _session_prefix, _settings
 from bench.stats import table
-from proxy import server
 from proxy.config.loader import ConfigHolder
 from proxy.service.engine_service import build_context_service
+from proxy.shell import server
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 from proxy.traces import Trace, list_traces, load_trace
 from proxy.traces_responses import responses_requests

@@ -18,10 +18,10 @@ import aiohttp
 import orjson
 
 from bench.stats import table
-from proxy import server
 from proxy.config.loader import ConfigHolder, Settings, load_settings
 from proxy.dialects.chat import overflow_tokens
 from proxy.service.engine_service import build_context_service
+from proxy.shell import server
 from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from proxy.traces import Trace, list_traces, load_trace, requests
 

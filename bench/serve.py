@@ -36,8 +36,8 @@ async def _start(ns: argparse.Namespace) -> tuple[web.AppRunner, int, str]:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         return runner, runner.addresses[0][1], "relay"
-    from proxy import server
     from proxy.config.loader import ConfigHolder, load_settings
+    from proxy.shell import server
 
     holder = ConfigHolder(load_settings(upstream_url=ns.upstream), upstream_url=ns.upstream)
     context, engine = None, "passthrough"

@@ -21,9 +21,10 @@ import orjson
 
 from bench.convo import Conversation
 from bench.procs import spawn
-from proxy import rewrite, server
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.service.engine_service import build_context_service
+from proxy.shell import rewrite_routes as rewrite
+from proxy.shell import server
 
 PACING_MS = 5
 SIZE = 200_000

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, ServerConfig, Settings, load_settings
 from proxy.config.schema import Source, validate
-from proxy.logs import guard_handlers
+from proxy.shell.log_hygiene import guard_handlers
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -19,7 +19,7 @@ def setup_logging(level: str = "INFO") -> None:
     """Log lines name routes, statuses and sizes; keys and prompt text never appear in them."""
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     guard_handlers(logging.getLogger())  # every line: control characters escaped, no client header bytes
-    # aiohttp's client logs nothing useful at INFO; its access log is replaced by proxy.access.
+    # aiohttp's client logs nothing useful at INFO; its access log is replaced by proxy.shell.access.
     logging.getLogger("aiohttp").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
@@ -101,7 +101,7 @@ def check_startup(settings: Settings) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from proxy.server import ListenError, serve
+    from proxy.shell.server import ListenError, serve
 
     setup_logging(args.log_level)
     log = logging.getLogger("proxy.cli")
@@ -131,7 +131,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _run_workers(args: argparse.Namespace, settings: Settings, port: int) -> int:
     """`--workers N`: N `serve` processes sharing the port; refused (ConfigError) when they would not share sessions."""
-    from proxy.workers import check_workers, run_workers
+    from proxy.shell.workers import check_workers, run_workers
 
     check_workers(args.workers, settings, port, args.passthrough)
     return run_workers(args.workers, worker_argv(args.argv))

@@ -177,8 +177,8 @@ def render(trace: Trace, model: str, info: ModelInfo, results: list[ReplayResult
 
 async def run_demo(trace_name: str, model: str, max_turns: int | None = None, api: str = "chat") -> str:
     """Start the simulator and the proxy, replay the trace direct and through the proxy; return the table."""
-    from proxy import server  # imported late: `--help` and `--list` need neither the shell nor the engine
     from proxy.service.engine_service import build_context_service
+    from proxy.shell import server  # imported late: `--help` and `--list` need neither the shell nor the engine
 
     trace = load_trace(trace_name)
     info = load_settings().model(model)

@@ -26,7 +26,7 @@ from proxy.config.loader import (
     StateConfig,
     UpstreamConfig,
 )
-from proxy.server import UPSTREAM, create_app, serve_app
+from proxy.shell.server import UPSTREAM, create_app, serve_app
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 
 # Every robustness test runs against the pass-through shell and against the real ContextService.

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.sse import EVENT_END
+from proxy.shell.sse_framing import EVENT_END
 from tests.conftest import RECORDED_STREAMS
 from tests.harness import Rig, start_rig
 

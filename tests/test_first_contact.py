@@ -107,9 +107,9 @@ async def test_metrics_have_one_prefix_counters_at_zero_and_process_metrics(tmp_
 @pytest.fixture
 async def packaged_proxy():
     """The simulator and a proxy running the packaged config (its model table), as `context-proxy serve` would."""
-    from proxy import server
     from proxy.config.loader import ConfigHolder, load_settings
     from proxy.service.engine_service import build_context_service
+    from proxy.shell import server
 
     sim_runner, sim_url = await start_simulator()
     holder = ConfigHolder(load_settings(upstream_url=sim_url), upstream_url=sim_url)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.served import serve, write_config
 
-FORGED = "2026-12-01 05:00:00,000 INFO proxy.access: 10.0.0.1 GET /admin 200 0.001s"
+FORGED = "2026-12-01 05:00:00,000 INFO proxy.shell.access: 10.0.0.1 GET /admin 200 0.001s"
 SECRET = "sk-hostile-secret-4242"
 BOUND_S = 20
 

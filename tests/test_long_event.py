@@ -1,6 +1,6 @@
 """One upstream SSE event of tens of MB on the chat route: relayed whole, in linear work and flat memory.
 
-The event is read in one pass and, past the 4 MiB bound (proxy/sse.py), relayed as it comes
+The event is read in one pass and, past the 4 MiB bound (proxy/shell/sse_framing.py), relayed as it comes
 without being kept or parsed; what follows it (the finish_reason, the usage chunk) is read as
 usual. `python -m bench long-event` gives the time against passthrough.
 """

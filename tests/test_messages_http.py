@@ -12,10 +12,10 @@ import anthropic
 import pytest
 from aiohttp import web
 
-from proxy import server
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.clearing import PLACEHOLDER
 from proxy.service.engine_service import build_context_service
+from proxy.shell import server
 from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 from proxy.simulator.blocks import sign
 from proxy.traces import load_trace

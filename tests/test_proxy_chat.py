@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from proxy.errors import ContextOverflow
-from proxy.rewrite import OFFLOAD_BYTES
+from proxy.shell.rewrite_routes import OFFLOAD_BYTES
 from proxy.simulator import SimulatorConfig
 from tests.conftest import RecordingService
 

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from proxy.dialects.chat import overflow_tokens
-from proxy.relay import SseUsageFilter
+from proxy.shell.relay import SseUsageFilter
 from tests.conftest import RECORDED_STREAMS, SSE_DIR, RecordingService
 
 RECORDINGS = sorted(RECORDED_STREAMS)

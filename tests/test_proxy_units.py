@@ -9,7 +9,7 @@ from proxy import cli
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.dialects.body_checks import InvalidRequest, parse_chat_body
 from proxy.metrics import Registry
-from proxy.upstream import Upstream, end_to_end
+from proxy.shell.upstream import Upstream, end_to_end
 
 
 def test_well_formed_bodies_pass_validation_unchanged():
@@ -81,7 +81,8 @@ def test_every_command_has_help(argv, capsys):
 def test_serve_defaults_come_from_the_config(monkeypatch):
     served = {}
     monkeypatch.setattr(
-        "proxy.server.serve", lambda holder, host, port, context, reuse_port=False: served.update(host=host, port=port)
+        "proxy.shell.server.serve",
+        lambda holder, host, port, context, reuse_port=False: served.update(host=host, port=port),
     )
     assert cli.main(["serve", "--passthrough", "--upstream", "http://127.0.0.1:9/v1"]) == 0
     assert served == {"host": "127.0.0.1", "port": 8787}

@@ -1,12 +1,12 @@
-"""SSE framing (proxy/sse.py) and end-of-stream markers (proxy/stream_ends.py), without sockets."""
+"""SSE framing (proxy/shell/sse_framing.py) and end-of-stream markers (proxy/shell/stream_ends.py), without sockets."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from proxy.sse import SseEvents
-from proxy.stream_ends import CHAT, MESSAGES, RESPONSES, EndWatch, StreamApi, api_for_path
+from proxy.shell.sse_framing import SseEvents
+from proxy.shell.stream_ends import CHAT, MESSAGES, RESPONSES, EndWatch, StreamApi, api_for_path
 from tests.conftest import RECORDED_STREAMS
 from tests.streams import STREAMS, end_index, split_events
 

@@ -1,4 +1,4 @@
-"""A cut stream is an error the client sees, never a silent half answer (proxy/stream_ends.py).
+"""A cut stream is an error the client sees, never a silent half answer (proxy/shell/stream_ends.py).
 
 A real aiohttp upstream replays recorded chat streams and written Responses and Messages
 streams (tests/data), cutting each where the test says: after 0, 1 or n whole events, or in
@@ -26,7 +26,7 @@ import pytest
 from aiohttp import web
 
 from proxy.metrics import METRICS
-from proxy.stream_ends import STREAM_APIS
+from proxy.shell.stream_ends import STREAM_APIS
 from tests.conftest import RECORDED_STREAMS
 from tests.harness import Rig
 from tests.streams import STREAMS, end_index, rig_before, split_events

@@ -21,8 +21,8 @@ import pytest_asyncio
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.clearing import PLACEHOLDER
 from proxy.context.messages import content_text
-from proxy.server import start
 from proxy.service.engine_service import build_context_service
+from proxy.shell.server import start
 from proxy.simulator import SIMULATOR, start_simulator
 from proxy.traces import Trace, list_traces, load_trace, requests
 from tests.pairing import check_pairing

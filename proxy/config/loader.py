@@ -34,7 +34,7 @@ class ServerConfig:
     max_body_mb: float = 32
     # Env var holding a token for /sessions and /metrics; required off loopback.
     admin_token_env: str = ""
-    # Hostile clients (proxy/connections.py, proxy/request_body.py): with these, a client silent for
+    # Hostile clients (proxy/shell/connection_guard.py, proxy/shell/body_reader.py): with these, a client silent for
     # 60 s anywhere before its request is complete is closed, and memory for bodies is bounded.
     max_connections: int = 1000  # past it a new connection gets 503 and is closed
     header_timeout_s: float = 60  # a request head must be complete this long after its first byte

@@ -18,14 +18,14 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.access import CLIENT_CREDENTIAL, authorization_token
-from proxy.app_keys import CONTEXT, ENGINE_THREAD, HOLDER, PARSES_BODIES, UPSTREAM
 from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.metrics import METRICS
-from proxy.relay import read_head, relay
-from proxy.request_body import buffered_body
 from proxy.service.seam import BodyParser, ContextService, PassthroughTurn, PreparedTurn
+from proxy.shell.access import CLIENT_CREDENTIAL, authorization_token
+from proxy.shell.app_keys import CONTEXT, ENGINE_THREAD, HOLDER, PARSES_BODIES, UPSTREAM
+from proxy.shell.body_reader import buffered_body
+from proxy.shell.relay import read_head, relay
 
 log = logging.getLogger("proxy.server")
 

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from proxy.config.loader import ConfigHolder
 from proxy.service.seam import ContextService
-from proxy.upstream import Upstream
+from proxy.shell.upstream import Upstream
 
 HOLDER = web.AppKey("holder", ConfigHolder)
 CONTEXT = web.AppKey("context", ContextService)

@@ -3,7 +3,7 @@
 For a turn it also reads `usage` on the way past (from the JSON body or the SSE events
 holding it) and, when the engine asked upstream for chat's usage chunk, removes it. An SSE
 stream of a known API that ends before its end marker gets one error event in that API's
-form, so the client's SDK raises instead of keeping half an answer (proxy/stream_ends.py).
+form, so the client's SDK raises instead of keeping half an answer (proxy/shell/stream_ends.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from aiohttp import web
 from proxy.errors import UpstreamError
 from proxy.metrics import METRICS
 from proxy.service.seam import PreparedTurn
-from proxy.sse import EVENT_END, MAX_EVENT_BYTES, Piece, SseEvents, event_data
-from proxy.stream_ends import STREAM_APIS, EndWatch
-from proxy.upstream import end_to_end
+from proxy.shell.sse_framing import EVENT_END, MAX_EVENT_BYTES, Piece, SseEvents, event_data
+from proxy.shell.stream_ends import STREAM_APIS, EndWatch
+from proxy.shell.upstream import end_to_end
 
 log = logging.getLogger("proxy.relay")
 
@@ -40,9 +40,9 @@ _MAX_JSON_CAPTURE = 8 * 1024 * 1024  # a non-streaming body kept aside for its u
 class SseUsageFilter:
     """Relays an SSE stream event by event: reads usage, may drop chat's usage-only event, watches for the end.
 
-    Whole events go on as they complete and an unfinished one is held (proxy/sse.py), so a
+    Whole events go on as they complete and an unfinished one is held (proxy/shell/sse_framing.py), so a
     stream cut mid-event ends on a whole event; an event past the bound is relayed as it
-    comes and never parsed. `watch` (proxy/stream_ends.py) follows every byte relayed.
+    comes and never parsed. `watch` (proxy/shell/stream_ends.py) follows every byte relayed.
     """
 
     def __init__(
@@ -179,7 +179,7 @@ async def relay(
     """Relay `upstream` to the client; `prefix` is body already read from it (an error being checked).
 
     `api` ("chat", "responses", "messages"): the API an SSE answer speaks; a stream that ends
-    before that API's end marker gets one error event in its form (proxy/stream_ends.py).
+    before that API's end marker gets one error event in its form (proxy/shell/stream_ends.py).
     """
     sse = _sse_filter(upstream, turn, api)
     reads_json = turn is not None and upstream.status < 400 and upstream.content_type != "text/event-stream"

@@ -27,7 +27,7 @@ import orjson
 
 from proxy.errors import anthropic_error_body, error_body
 from proxy.metrics import METRICS
-from proxy.sse import Piece
+from proxy.shell.sse_framing import Piece
 
 log = logging.getLogger("proxy.relay")
 

@@ -17,26 +17,26 @@ import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from proxy.access import (
+from proxy.config.loader import ConfigHolder
+from proxy.dialects import MESSAGES
+from proxy.errors import ErrorShape, InvalidRequest, ProxyError, UpstreamError
+from proxy.metrics import METRICS
+from proxy.service.seam import BodyParser, ContextService, PassthroughService
+from proxy.shell.access import (
     AccessMiddleware,
     Handler,
     admin_denied,
     exposure_problem,
 )
-from proxy.app_keys import CONTEXT, ENGINE_THREAD, HOLDER, PARSES_BODIES, UPSTREAM
-from proxy.config.loader import ConfigHolder
-from proxy.connections import ConnectionGuard, GuardedSite, raise_file_limit
-from proxy.dialects import MESSAGES
-from proxy.errors import ErrorShape, InvalidRequest, ProxyError, UpstreamError
-from proxy.logs import AcceptFailures, guarded_logger
-from proxy.metrics import METRICS
-from proxy.relay import relay
-from proxy.request_body import BODY_BUDGET, BodyBudget, StreamedBody, max_body, too_large
-from proxy.rewrite import REWRITE_ROUTES, ROUTE_DIALECTS
-from proxy.service.seam import BodyParser, ContextService, PassthroughService
-from proxy.stream_ends import api_for_path
-from proxy.upstream import Upstream, is_anthropic
-from proxy.websocket import is_websocket, websocket
+from proxy.shell.app_keys import CONTEXT, ENGINE_THREAD, HOLDER, PARSES_BODIES, UPSTREAM
+from proxy.shell.body_reader import BODY_BUDGET, BodyBudget, StreamedBody, max_body, too_large
+from proxy.shell.connection_guard import ConnectionGuard, GuardedSite, raise_file_limit
+from proxy.shell.log_hygiene import AcceptFailures, guarded_logger
+from proxy.shell.relay import relay
+from proxy.shell.rewrite_routes import REWRITE_ROUTES, ROUTE_DIALECTS
+from proxy.shell.stream_ends import api_for_path
+from proxy.shell.upstream import Upstream, is_anthropic
+from proxy.shell.websocket_relay import is_websocket, websocket
 
 log = logging.getLogger("proxy.server")
 
@@ -255,7 +255,7 @@ async def serve_app(
     app: web.Application, host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False
 ) -> tuple[web.AppRunner, int]:
     """Serve an app from `create_app` the way the proxy runs: handlers cancelled on disconnect, paths-only log,
-    connections limited and timed (proxy/connections.py); `reuse_port`: one of several workers on the port."""
+    connections limited and timed (shell/connection_guard.py); `reuse_port`: one of several workers on the port."""
     server = app[HOLDER].settings.server
     runner = web.AppRunner(
         app,

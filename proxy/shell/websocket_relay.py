@@ -13,8 +13,8 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from proxy.app_keys import UPSTREAM
 from proxy.metrics import METRICS
+from proxy.shell.app_keys import UPSTREAM
 
 log = logging.getLogger("proxy.websocket")
 

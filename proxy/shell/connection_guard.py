@@ -5,7 +5,7 @@ the connection opens) but has no limit on connections and no deadline for a head
 byte at a time. `ConnectionGuard` wraps each of aiohttp's protocol objects: past
 `server.max_connections` a new connection gets a 503 in OpenAI's shape and is closed before it is
 read; a request head not complete `server.header_timeout_s` after its first byte closes the
-connection. Body reads have their own timeout, where bodies are read (`proxy.request_body`).
+connection. Body reads have their own timeout, where bodies are read (`proxy.shell.body_reader`).
 """
 
 from __future__ import annotations
