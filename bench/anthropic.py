@@ -1,7 +1,7 @@
 """The Messages API's figures (issue 14): the packaged traces as Claude Code would send them, direct and proxied.
 
 In-process simulator and proxy, as `bench savings`. The traces are converted to Messages
-(`proxy.traces_messages`: tool calls as tool_use/tool_result, a signed thinking block on every
+(`proxy.demo.traces_messages`: tool calls as tool_use/tool_result, a signed thinking block on every
 assistant turn). Billed input, in full-price token equivalents, is Anthropic's:
 input + 1.25 x cache writes + 0.1 x cache reads. Three runs per trace:
 - a 32k model through the proxy, Claude-Code breakpoints: every turn answered? and per turn, what
@@ -23,11 +23,11 @@ import orjson
 
 from bench.stats import table
 from proxy.config.loader import ConfigHolder, load_settings
+from proxy.demo.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
+from proxy.demo.traces import Trace, list_traces, load_trace
+from proxy.demo.traces_messages import messages_requests
 from proxy.service.engine_service import build_context_service
 from proxy.shell import server
-from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
-from proxy.traces import Trace, list_traces, load_trace
-from proxy.traces_messages import messages_requests
 
 WINDOW_MODEL, BIG_MODEL = "claude-sim-32k", "claude-sonnet-4-5"
 WRITE, READ = 1.25, 0.1

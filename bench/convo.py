@@ -11,8 +11,8 @@ import itertools
 from typing import Any
 
 from proxy.context.tokens import REPLY_PRIMING
+from proxy.demo.traces import load_trace
 from proxy.tokens.counter import TokenCounter
-from proxy.traces import load_trace
 
 TRACE = "mini_django-11138.tools.json"
 ENCODING = "o200k_base"

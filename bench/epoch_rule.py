@@ -25,7 +25,7 @@ import proxy.context.steps.clear as clear_step
 from bench import idle
 from bench.quality import Score, Setting, held_out, measure
 from bench.stats import table
-from proxy.traces import load_trace
+from proxy.demo.traces import load_trace
 from tests.context.replay import TRACE_NAMES
 
 # (turns to come per turn passed, turns' input the first edit may risk, the share of the banked savings one

@@ -23,7 +23,7 @@ from typing import Any
 from bench.stats import table
 from proxy.context.clearing import PLACEHOLDER, ClearToolOutputs
 from proxy.context.tokens import Counter
-from proxy.traces import load_trace
+from proxy.demo.traces import load_trace
 from tests.context.replay import TRACE_NAMES, policy_for, turns
 
 # (name, d, w): OpenAI's cached price at 0.5 and 0.1 of input; Anthropic's 0.1 reads and 1.25 writes.

@@ -16,8 +16,8 @@ import aiohttp
 
 from bench import anthropic
 from bench.stats import table
-from proxy.simulator import SimulatorConfig
-from proxy.traces import list_traces, load_trace
+from proxy.demo.simulator import SimulatorConfig
+from proxy.demo.traces import list_traces, load_trace
 
 TTL_S, STEP_S, PAUSE_S = 300.0, 20.0, 420.0
 PAUSES = (0, 20, 10)  # a pause before every N-th turn (0: none)

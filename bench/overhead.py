@@ -17,7 +17,7 @@ import orjson
 
 from bench.procs import Server, Servers
 from bench.stats import median, percentile, table
-from proxy.traces import load_trace, requests
+from proxy.demo.traces import load_trace, requests
 
 TARGETS = ("direct", "relay", "proxy")
 STREAM_CHUNKS = (16, 32, 64)  # content chunks per streamed answer, cycled request by request

@@ -23,7 +23,7 @@ from proxy.context.messages import content_text, is_tool_output
 from proxy.context.patterns import compile_patterns
 from proxy.context.recall import message_tokens, specific_tokens
 from proxy.context.tokens import Counter
-from proxy.traces import Trace, load_trace
+from proxy.demo.traces import Trace, load_trace
 from tests.context.replay import TRACE_NAMES, model, policy_for, run
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,7 +1,7 @@
 """The Responses API's figures (issue 13): the packaged traces as Codex would send them, direct and through the proxy.
 
 The same replay as `bench savings` (in-process simulator and proxy, billed input = uncached +
-d × cached), with the traces converted to Responses items (`proxy.traces_responses`: tool calls
+d × cached), with the traces converted to Responses items (`proxy.demo.traces_responses`: tool calls
 as function_call/function_call_output, a signed reasoning item before each assistant turn's
 output). Per proxied turn it also checks what reached the upstream against what the client sent:
 the last item intact, the task (first user item) kept, the share of the last six items unchanged,
@@ -20,11 +20,11 @@ import orjson
 from bench.savings import DISCOUNTS, MODELS, Replay, Turn, _row, _session_prefix, _settings
 from bench.stats import table
 from proxy.config.loader import ConfigHolder
+from proxy.demo.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
+from proxy.demo.traces import Trace, list_traces, load_trace
+from proxy.demo.traces_responses import responses_requests
 from proxy.service.engine_service import build_context_service
 from proxy.shell import server
-from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
-from proxy.traces import Trace, list_traces, load_trace
-from proxy.traces_responses import responses_requests
 
 
 @dataclass

@@ -19,11 +19,11 @@ import orjson
 
 from bench.stats import table
 from proxy.config.loader import ConfigHolder, Settings, load_settings
+from proxy.demo.simulator import SIMULATOR, SimulatorConfig, start_simulator
+from proxy.demo.traces import Trace, list_traces, load_trace, requests
 from proxy.dialects.chat import overflow_tokens
 from proxy.service.engine_service import build_context_service
 from proxy.shell import server
-from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
-from proxy.traces import Trace, list_traces, load_trace, requests
 
 MODELS = {"sim-32k": 32000, "gpt-4o": 128000}
 DISCOUNTS = (1.0, 0.5, 0.1)

@@ -20,7 +20,7 @@ SIM_MODELS = {"sim-32k": 32000, "gpt-4o": 128000, "gpt-4.1": 1047576, "gpt-5": 4
 
 async def _start(ns: argparse.Namespace) -> tuple[web.AppRunner, int, str]:
     if ns.kind == "sim":
-        from proxy.simulator import SimulatorConfig, start_simulator
+        from proxy.demo.simulator import SimulatorConfig, start_simulator
 
         config = SimulatorConfig(models=dict(SIM_MODELS), chunks=ns.chunks, record_limit=8)
         runner, url = await start_simulator(config)

@@ -28,7 +28,7 @@ import redis
 
 from bench.procs import Server, spawn
 from bench.stats import median, percentile, table
-from proxy.traces import list_traces, load_trace, requests
+from proxy.demo.traces import list_traces, load_trace, requests
 from tests.harness import closed_port
 from tests.redis_server import RedisServer
 

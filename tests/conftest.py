@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from proxy.simulator import SimulatorConfig
+from proxy.demo.simulator import SimulatorConfig
 from tests.harness import Rig, start_rig
 
 SSE_DIR = Path(__file__).parent / "data" / "sse"

@@ -26,8 +26,8 @@ from proxy.config.loader import (
     StateConfig,
     UpstreamConfig,
 )
+from proxy.demo.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 from proxy.shell.server import UPSTREAM, create_app, serve_app
-from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 
 # Every robustness test runs against the pass-through shell and against the real ContextService.
 ENGINES = [pytest.param(False, id="passthrough"), pytest.param(True, id="engine")]

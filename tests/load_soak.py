@@ -120,7 +120,7 @@ async def drive(url: str, seconds: float, concurrency: int, sessions: int) -> Ta
 def start_simulator_process() -> tuple[subprocess.Popen, str]:
     code = (
         "import asyncio, sys\n"
-        "from proxy.simulator import SimulatorConfig, start_simulator\n"
+        "from proxy.demo.simulator import SimulatorConfig, start_simulator\n"
         "async def main():\n"
         "    runner, url = await start_simulator(SimulatorConfig(chunks=8, chunk_delay_s=0.005, record_limit=10))\n"
         "    print(url, flush=True)\n"

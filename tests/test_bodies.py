@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.context.messages import message_digest
+from proxy.demo.traces import load_trace, requests
 from proxy.dialects.body_checks import InvalidRequest, parse_chat_body
 from proxy.service import body_memos as bodies_module
 from proxy.service.body_memos import PER_SCOPE, BodyMemos, array_end, messages_start
-from proxy.traces import load_trace, requests
 
 TRACE = load_trace("sweagent_marshmallow-1867.json")
 MB = 1024 * 1024

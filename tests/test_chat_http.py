@@ -18,9 +18,9 @@ import pytest
 
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.tokens import canonical_bytes
+from proxy.demo.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from proxy.service import engine_service as service
 from proxy.service.engine_service import build_context_service
-from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from tests.harness import Rig, serve_proxy
 
 MODEL = "sim-8k"

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.simulator import SimulatorConfig
+from proxy.demo.simulator import SimulatorConfig
 from proxy.tokens.counter import counter_for
 from tests.harness import ENGINES, Rig, chat_body, settle, start_rig
 

@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from proxy.context.policy import ModelInfo
-from proxy.demo import ReplayResult, main, replay
-from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
-from proxy.traces import list_traces, load_trace, requests
+from proxy.demo.replay import ReplayResult, main, replay
+from proxy.demo.simulator import SIMULATOR, SimulatorConfig, start_simulator
+from proxy.demo.traces import list_traces, load_trace, requests
 
 
 def test_the_three_packaged_traces_are_listed_and_load():

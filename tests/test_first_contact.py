@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from proxy.simulator import start_simulator
+from proxy.demo.simulator import start_simulator
 from tests.harness import closed_port, listening_port
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]

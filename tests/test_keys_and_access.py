@@ -13,9 +13,9 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
+from proxy.demo.simulator import SimulatorConfig
 from proxy.errors import ProxyError
 from proxy.shell.access import check_request, exposure_problem
-from proxy.simulator import SimulatorConfig
 from tests.harness import ENGINES, Rig, chat_body, is_openai_error, make_settings, start_rig
 
 PROXY_KEYS = ("pk-alpha-7d1f0c2e", "pk-beta-93ab44e1")

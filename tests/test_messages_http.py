@@ -14,12 +14,12 @@ from aiohttp import web
 
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.clearing import PLACEHOLDER
+from proxy.demo.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
+from proxy.demo.simulator.blocks import sign
+from proxy.demo.traces import load_trace
+from proxy.demo.traces_messages import messages_requests
 from proxy.service.engine_service import build_context_service
 from proxy.shell import server
-from proxy.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
-from proxy.simulator.blocks import sign
-from proxy.traces import load_trace
-from proxy.traces_messages import messages_requests
 
 SYSTEM = "You are a careful coding agent. " * 200  # over the 1,024-token minimum a cache entry needs
 

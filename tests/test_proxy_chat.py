@@ -10,9 +10,9 @@ import time
 import openai
 import pytest
 
+from proxy.demo.simulator import SimulatorConfig
 from proxy.errors import ContextOverflow
 from proxy.shell.rewrite_routes import OFFLOAD_BYTES
-from proxy.simulator import SimulatorConfig
 from tests.conftest import RecordingService
 
 MODEL = "gpt-4o-mini"

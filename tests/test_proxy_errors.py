@@ -6,7 +6,7 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.simulator import STATUS_FAULTS
+from proxy.demo.simulator import STATUS_FAULTS
 from tests.harness import closed_port, settle
 
 MODEL = "gpt-4o-mini"

@@ -8,7 +8,7 @@ import hashlib
 import aiohttp
 import openai
 
-from proxy.simulator import SimulatorConfig
+from proxy.demo.simulator import SimulatorConfig
 from tests.conftest import RecordingService
 from tests.harness import settle
 

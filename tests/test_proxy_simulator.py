@@ -7,7 +7,7 @@ import time
 import openai
 import pytest
 
-from proxy.simulator import SimulatorConfig
+from proxy.demo.simulator import SimulatorConfig
 from tests.harness import settle
 
 MESSAGES = [{"role": "user", "content": "Fix the failing test."}]

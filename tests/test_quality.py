@@ -6,8 +6,8 @@ import pytest
 
 from bench.quality import SETTINGS, Score, clear_all_but_last, held_out, measure, score
 from proxy.context.clearing import PLACEHOLDER
+from proxy.demo.traces import Trace
 from proxy.tokens.counter import counter_for
-from proxy.traces import Trace
 from tests.context.replay import TRACE_NAMES, load
 
 COUNTER = counter_for("o200k_base")

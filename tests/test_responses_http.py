@@ -17,11 +17,11 @@ import pytest
 
 from proxy.context.clearing import PLACEHOLDER
 from proxy.context.policy import ModelInfo
-from proxy.simulator import SimulatorConfig
-from proxy.simulator.items import seal
+from proxy.demo.simulator import SimulatorConfig
+from proxy.demo.simulator.items import seal
+from proxy.demo.traces import load_trace
+from proxy.demo.traces_responses import responses_requests
 from proxy.tokens.counter import counter_for
-from proxy.traces import load_trace
-from proxy.traces_responses import responses_requests
 from tests.conftest import MakeRig
 from tests.harness import Rig
 

@@ -18,7 +18,7 @@ import pytest
 
 from proxy.config.loader import ConfigHolder
 from proxy.context.policy import ModelInfo
-from proxy.simulator import SimulatorConfig, start_simulator
+from proxy.demo.simulator import SimulatorConfig, start_simulator
 from tests.harness import make_settings, serve_proxy, settle
 
 MODEL = "sim-8k"
@@ -73,7 +73,7 @@ async def ask(port: int, n: int, history: list, *, delay_ms: int = 0) -> None:
 
 
 def upstream_bodies(sim_runner: Any) -> list[list[dict[str, Any]]]:
-    from proxy.simulator import SIMULATOR
+    from proxy.demo.simulator import SIMULATOR
 
     return [r.body["messages"] for r in sim_runner.app[SIMULATOR].requests if r.path.endswith("/chat/completions")]
 

@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, UpstreamConfig, load_settings
+from proxy.demo.simulator import start_simulator
 from proxy.service.engine_service import build_context_service
-from proxy.simulator import start_simulator
 from tests.harness import serve_proxy
 
 # Old `re` needed ~27 s for 640 KB of this against the shipped pattern and grew with the square of

@@ -15,9 +15,9 @@ from multidict import CIMultiDict
 
 from proxy.context.pipeline import tools_tokens
 from proxy.context.tokens import REPLY_PRIMING
-from proxy.simulator import SIMULATOR, SimulatorConfig, pairing_error, start_simulator
+from proxy.demo.simulator import SIMULATOR, SimulatorConfig, pairing_error, start_simulator
+from proxy.demo.traces import list_traces, load_trace, requests
 from proxy.tokens.counter import counter_for
-from proxy.traces import list_traces, load_trace, requests
 
 SSE_DIR = Path(__file__).parent / "data" / "sse"
 TOOLS = [

@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
+from proxy.demo.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from tests.harness import chat_body, settle
 
 SSE_DIR = Path(__file__).parent / "data" / "sse"

@@ -24,10 +24,10 @@ import pytest_asyncio
 import redis
 
 from proxy.config.loader import ConfigHolder, load_settings
+from proxy.demo.simulator import SIMULATOR, start_simulator
+from proxy.demo.traces import list_traces, load_trace, requests
 from proxy.service.engine_service import build_context_service
 from proxy.shell.server import start
-from proxy.simulator import SIMULATOR, start_simulator
-from proxy.traces import list_traces, load_trace, requests
 from tests.harness import closed_port, settle
 from tests.redis_server import REDIS_SERVER, RedisServer
 

@@ -21,10 +21,10 @@ import pytest_asyncio
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.clearing import PLACEHOLDER
 from proxy.context.messages import content_text
+from proxy.demo.simulator import SIMULATOR, start_simulator
+from proxy.demo.traces import Trace, list_traces, load_trace, requests
 from proxy.service.engine_service import build_context_service
 from proxy.shell.server import start
-from proxy.simulator import SIMULATOR, start_simulator
-from proxy.traces import Trace, list_traces, load_trace, requests
 from tests.pairing import check_pairing
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -13,7 +13,7 @@ import re
 import aiohttp
 import pytest
 
-from proxy.simulator import BAD_GATEWAY, SimulatorConfig
+from proxy.demo.simulator import BAD_GATEWAY, SimulatorConfig
 from tests.harness import ENGINES, Rig, chat_body, closed_port, is_openai_error, settle, start_rig
 
 READ_TIMEOUT_S = 0.6

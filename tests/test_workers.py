@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.simulator import SIMULATOR, start_simulator
+from proxy.demo.simulator import SIMULATOR, start_simulator
 from tests.harness import closed_port
 from tests.redis_server import REDIS_SERVER, RedisServer
 from tests.test_state_redis import ask, redis_server, reference, turns, wait_healthy, write_config

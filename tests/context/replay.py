@@ -19,7 +19,7 @@ from proxy.context.journal import Journal
 from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ClearPolicy, ModelInfo, Policy
 from proxy.context.tokens import REPLY_PRIMING, Counter
-from proxy.traces import Trace, load_trace, requests
+from proxy.demo.traces import Trace, load_trace, requests
 from tests.pairing import check_pairing
 
 TRACE_NAMES = ("sweagent_marshmallow-1867.json", "mini_django-11138.tools.json", "sweagent_text_pydicom-1458.json")
@@ -32,7 +32,7 @@ def load(name: str) -> Trace:
 
 
 def turns(trace: Trace) -> Iterator[list[dict]]:
-    """The agent's k-th request: the messages before its k-th assistant message (`proxy.traces.requests`)."""
+    """The agent's k-th request: the messages before its k-th assistant message (`proxy.demo.traces.requests`)."""
     return (request for request, _answer in requests(trace))
 
 

@@ -13,10 +13,10 @@ from typing import Any, cast
 import orjson
 from aiohttp import web
 
-from proxy.simulator.answers import openai_error, tool_calls
-from proxy.simulator.faults import BODY, number_header, send, send_json
-from proxy.simulator.items import input_messages, input_problem, seal
-from proxy.simulator.model import SIMULATOR, Simulator
+from proxy.demo.simulator.answers import openai_error, tool_calls
+from proxy.demo.simulator.faults import BODY, number_header, send, send_json
+from proxy.demo.simulator.items import input_messages, input_problem, seal
+from proxy.demo.simulator.model import SIMULATOR, Simulator
 from proxy.tokens.counter import counter_for, encoding_for_model
 
 STORED = web.AppKey("sim_stored_responses", dict)  # response id -> (its input items, the response)

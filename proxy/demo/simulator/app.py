@@ -12,8 +12,8 @@ import orjson
 from aiohttp import web
 
 from proxy.context.tokens import canonical_bytes
-from proxy.simulator import messages, responses
-from proxy.simulator.answers import (
+from proxy.demo.simulator import messages, responses
+from proxy.demo.simulator.answers import (
     FINGERPRINT,
     billed_usage,
     chunk_choices,
@@ -23,8 +23,8 @@ from proxy.simulator.answers import (
     tool_calls,
     window_error,
 )
-from proxy.simulator.faults import BODY, number_header, record_and_fault, send, send_json
-from proxy.simulator.model import SIMULATOR, Simulator, SimulatorConfig
+from proxy.demo.simulator.faults import BODY, number_header, record_and_fault, send, send_json
+from proxy.demo.simulator.model import SIMULATOR, Simulator, SimulatorConfig
 from proxy.tokens.counter import counter_for, encoding_for_model
 
 

@@ -1,9 +1,9 @@
 """The packaged agent traces as an Anthropic Messages client (Claude Code and its kin) would have sent them.
 
-The same turns as chat (`proxy.traces.requests`): the first system message becomes `system`,
+The same turns as chat (`proxy.demo.traces.requests`): the first system message becomes `system`,
 tool calls become `tool_use` blocks and their results `tool_result` blocks in the next user
 message (consecutive user-side messages are one message), and every assistant turn opens with
-a thinking block signed as the simulator signs what it issues (`proxy.simulator.blocks.sign`),
+a thinking block signed as the simulator signs what it issues (`proxy.demo.simulator.blocks.sign`),
 so the simulator refuses one that comes back altered. `breakpoints="claude-code"` marks the
 system prompt and the last message with `cache_control`, as Claude Code does; `"none"` marks nothing.
 """
@@ -14,8 +14,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from proxy.simulator.blocks import sign
-from proxy.traces import Trace, message_text, requests
+from proxy.demo.simulator.blocks import sign
+from proxy.demo.traces import Trace, message_text, requests
 
 Block = dict[str, Any]
 EPHEMERAL = {"type": "ephemeral"}

@@ -15,8 +15,8 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.simulator.answers import openai_error
-from proxy.simulator.model import SIMULATOR, RecordedRequest, Simulator
+from proxy.demo.simulator.answers import openai_error
+from proxy.demo.simulator.model import SIMULATOR, RecordedRequest, Simulator
 
 BODY: web.RequestKey[Any] = web.RequestKey("sim_body")  # the request's parsed JSON, or None
 

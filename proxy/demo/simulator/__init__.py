@@ -13,10 +13,10 @@ are close, not exact.
 - `app.py`: the routes, `create_simulator_app`, `start_simulator`
 """
 
-from proxy.simulator.answers import pairing_error
-from proxy.simulator.app import create_simulator_app, start_simulator
-from proxy.simulator.faults import BAD_GATEWAY, FAULTS, STATUS_FAULTS
-from proxy.simulator.model import SIMULATOR, RecordedRequest, SimTotals, Simulator, SimulatorConfig
+from proxy.demo.simulator.answers import pairing_error
+from proxy.demo.simulator.app import create_simulator_app, start_simulator
+from proxy.demo.simulator.faults import BAD_GATEWAY, FAULTS, STATUS_FAULTS
+from proxy.demo.simulator.model import SIMULATOR, RecordedRequest, SimTotals, Simulator, SimulatorConfig
 
 __all__ = [
     "BAD_GATEWAY",

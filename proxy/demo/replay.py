@@ -22,10 +22,10 @@ import orjson
 
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.policy import ModelInfo
-from proxy.simulator import SIMULATOR, SimulatorConfig, start_simulator
-from proxy.traces import Trace, list_traces, load_trace, requests
-from proxy.traces_messages import messages_requests
-from proxy.traces_responses import responses_requests
+from proxy.demo.simulator import SIMULATOR, SimulatorConfig, start_simulator
+from proxy.demo.traces import Trace, list_traces, load_trace, requests
+from proxy.demo.traces_messages import messages_requests
+from proxy.demo.traces_responses import responses_requests
 
 DEFAULT_TRACE = "mini_django-11138.tools.json"
 DEFAULT_MODEL = "sim-32k"

@@ -1,9 +1,9 @@
 """The packaged agent traces as a Responses API client (Codex CLI, the Agents SDK) would have sent them.
 
-The same turns as chat (`proxy.traces.requests`): the first system message becomes
+The same turns as chat (`proxy.demo.traces.requests`): the first system message becomes
 `instructions`, tool calls become `function_call` items and their results `function_call_output`,
 and each assistant turn's output is preceded by a `reasoning` item whose `encrypted_content`
-is signed as the simulator signs what it issues (`proxy.simulator.items.seal`), so the
+is signed as the simulator signs what it issues (`proxy.demo.simulator.items.seal`), so the
 simulator refuses any reasoning item that comes back altered.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from proxy.simulator.items import seal
-from proxy.traces import Trace, message_text, requests
+from proxy.demo.simulator.items import seal
+from proxy.demo.traces import Trace, message_text, requests
 
 Item = dict[str, Any]
 INCLUDE = ["reasoning.encrypted_content"]

@@ -15,9 +15,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.errors import anthropic_error_body
-from proxy.simulator.answers import tool_calls
-from proxy.simulator.blocks import (
+from proxy.demo.simulator.answers import tool_calls
+from proxy.demo.simulator.blocks import (
     MAX_BREAKPOINTS,
     THINKING_RULE,
     blocks_of,
@@ -29,8 +28,9 @@ from proxy.simulator.blocks import (
     verify,
     written,
 )
-from proxy.simulator.faults import BODY, number_header, send, send_json
-from proxy.simulator.model import SIMULATOR, Simulator
+from proxy.demo.simulator.faults import BODY, number_header, send, send_json
+from proxy.demo.simulator.model import SIMULATOR, Simulator
+from proxy.errors import anthropic_error_body
 from proxy.tokens.counter import counter_for
 
 THOUGHT = "The user wants the failing test fixed. I read the last tool output and decide what to run next."
