@@ -153,13 +153,13 @@ def worker_argv(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["demo"]:  # the demo parses its own arguments (and its own --help)
-        from proxy.demo import replay as demo  # imported lazily: it pulls in the simulator and the engine
+        from proxy.demo import replay  # imported lazily: it pulls in the simulator and the engine
 
-        return demo.main(argv[1:]) or 0
+        return replay.main(argv[1:]) or 0
     if argv[:1] == ["simulate"]:
-        from proxy.demo import replay as demo
+        from proxy.demo import replay
 
-        return demo.simulate_main(argv[1:])
+        return replay.simulate_main(argv[1:])
     args = build_parser().parse_args(argv or ["serve"])
     args.argv = argv
     return run_serve(args)
