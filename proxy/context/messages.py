@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections import Counter as Tally
 from collections.abc import Sequence
 from typing import Any
 
@@ -113,13 +114,15 @@ def units(messages: Sequence[Message]) -> list[tuple[int, int]]:
     spans: list[tuple[int, int]] = []
     i = 0
     while i < len(messages):
-        pending = call_ids(messages[i])
+        pending = Tally(call_ids(messages[i]))  # by id, so results in any order pair in linear time
         end = i + 1
         while pending and end < len(messages) and messages[end].get("role") == "tool":
             answered = str(messages[end].get("tool_call_id"))
-            if answered not in pending:
+            if not pending[answered]:
                 break
-            pending.remove(answered)
+            pending[answered] -= 1
+            if not pending[answered]:
+                del pending[answered]
             end += 1
         if _legacy_call(messages[i]) and end < len(messages) and messages[end].get("role") == "function":
             end += 1  # the deprecated function_call and its `function` result go together too
