@@ -7,7 +7,6 @@ shell and the recorded OpenAI streams of tests/data/sse loaded (replayed by `X-S
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +59,7 @@ class RecordingTurn:
     def record_usage(self, payloads: list[dict]) -> None:
         self.usages.extend(p["usage"] for p in payloads if isinstance(p.get("usage"), dict))
 
-    def refit(self, reported_prompt_tokens: int) -> dict | None:
+    async def refit(self, reported_prompt_tokens: int) -> dict | None:
         self.refits.append(reported_prompt_tokens)
         return self.refit_body
 
@@ -78,13 +77,13 @@ class RecordingService:
     turns: list[RecordingTurn] = field(default_factory=list)
     calls: list[dict] = field(default_factory=list)
 
-    def prepare(self, *, path_session, headers, body, credential, dialect) -> RecordingTurn:
+    async def prepare_turn(self, raw, *, dialect, path_session, headers, credential) -> RecordingTurn:
+        body = dialect.parse(raw)
         self.calls.append(
             {
                 "path_session": path_session,
                 "credential": credential,
                 "body": body,
-                "thread": threading.current_thread().name,
             }
         )
         if self.fail_with is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 import time
 
 import openai
@@ -12,7 +11,6 @@ import pytest
 
 from proxy.demo.simulator import SimulatorConfig
 from proxy.errors import ContextOverflow
-from proxy.shell.rewrite_routes import OFFLOAD_BYTES
 from tests.conftest import RecordingService
 
 MODEL = "gpt-4o-mini"
@@ -108,18 +106,6 @@ async def test_session_path_prefix_reaches_the_engine_and_headers_reach_the_clie
     assert service.calls[0]["credential"] == "sk-user"
     assert service.turns[0].usages == [raw.http_response.json()["usage"]]
     assert rig.sim.requests[-1].path == "/v1/chat/completions"
-
-
-async def test_large_bodies_are_prepared_off_the_event_loop_and_small_ones_inline(make_rig):
-    """A big conversation's engine work runs on the worker thread, so other streams keep flowing."""
-    service = RecordingService()
-    rig = await make_rig(context=service)
-    client = async_client(rig.base_url)
-    big = [{"role": "user", "content": "x " * (OFFLOAD_BYTES // 2)}]
-    for messages in (MESSAGES, big):
-        await client.chat.completions.create(model="gpt-5", messages=messages)  # a 400k window
-    loop_thread = threading.current_thread().name
-    assert [call["thread"] for call in service.calls] == [loop_thread, "context-engine_0"]
 
 
 async def test_usage_chunk_is_captured_and_stripped_when_the_engine_asked_for_it(make_rig):

@@ -9,11 +9,12 @@ once when the upstream still says the context is too long.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.config.loader import CapsuleSpec, ConfigHolder
 from proxy.context.calibration import Calibration, refit_correction
@@ -28,6 +29,7 @@ from proxy.dialects.base import writes_at
 from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
 from proxy.service.body_memos import BodyMemos, Parsed
+from proxy.service.scheduling import EnginePool, SessionGates
 from proxy.service.seam import PassthroughTurn
 from proxy.state import SessionStore, store_from_config
 from proxy.state.sessions import (
@@ -43,6 +45,10 @@ from proxy.tokens.counter import TokenCounter, counter_for
 
 _POLICY = ("policy",)
 log = logging.getLogger("proxy.service")
+T = TypeVar("T")
+# What one journal entry weighs in a turn's cost (`proxy.service.scheduling`): each turn copies the journal,
+# about as costly per entry as parsing this many bytes of body.
+JOURNAL_ENTRY_COST = 64
 
 MAX_FALLBACK_WARNINGS = 256  # model names come from clients: warned about once each, up to this many
 TOKENS_BEFORE = METRICS.counter(
@@ -121,6 +127,28 @@ class _Inputs:
         )
 
 
+@dataclass(frozen=True)
+class _Request:
+    """A request's body parsed and its session named: all a turn needs before it holds the session."""
+
+    key: str  # the session's store key (scoped by the client's credential)
+    client: str  # who asks (a hash of the credential): the engine pool's fairness is per client
+    dialect: Dialect
+    body: dict
+    size: int  # the body's bytes
+    unedited: str | None = None  # why it goes upstream as sent (the upstream holds the history)
+    session_id: str = ""
+    conversation: Conversation | None = None
+    policy: Policy | None = None
+    model: ModelInfo | None = None
+    capsules: tuple[Capsule, ...] = ()
+    capsule_bytes: int = 0
+
+
+async def _inline(work: Callable[[], T]) -> T:
+    return work()
+
+
 # Added to a TTL before the proxy assumes it ran out: the upstream counts from when it processed the last
 # request, a little after the proxy saw it arrive (the proxy's own work, the network, the upstream's queue).
 COLD_MARGIN_S = 30.0
@@ -146,7 +174,10 @@ class EngineTurn:
         *,
         store: SessionStore,
         calibration: Calibration,
+        serialised: Callable[[Callable[[], Any]], Awaitable[Any]] = _inline,
     ) -> None:
+        # Runs engine work for this session: after the session's earlier turns, off the loop if it is big.
+        self._serialised = serialised
         self.store = store  # where the session is saved after each change
         self.calibration = calibration  # what the upstream's usage teaches about our counts
         self.session = session
@@ -241,8 +272,11 @@ class EngineTurn:
         """Write the turn to the session store: before it is sent (a shared store may re-run it), and its usage."""
         await self.store.commit(self)
 
-    def realign(self) -> None:
+    async def realign(self) -> None:
         """Another process wrote this session first: run the turn again on the journal it left."""
+        await self._serialised(self._realign)
+
+    def _realign(self) -> None:
         correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction)
         with self.session.lock:
             self.journal_before = self.session.journal
@@ -251,8 +285,12 @@ class EngineTurn:
                 raise ContextOverflow(outcome.overflow.message())
             self.apply(outcome, correction)
 
-    def refit(self, reported_prompt_tokens: int) -> dict | None:
+    async def refit(self, reported_prompt_tokens: int) -> dict | None:
         """Re-run the turn from the journal as it was before it, with our count scaled to the upstream's."""
+        refitted: dict | None = await self._serialised(functools.partial(self._refit, reported_prompt_tokens))
+        return refitted
+
+    def _refit(self, reported_prompt_tokens: int) -> dict | None:
         if self.outcome is None or self.stats.retried or reported_prompt_tokens < 0 or self.estimate <= 0:
             return None
         if reported_prompt_tokens == 0:  # too long by an amount the upstream did not say: at least the window
@@ -281,23 +319,64 @@ class EngineService:
         self.calibration = Calibration()
         self.cuts = CutCache()
         self.bodies = BodyMemos(holder.settings.state.body_memo_bytes)
+        self.pool = EnginePool()
+        self.gates = SessionGates()
+        self._capsule_sets: dict[int, tuple[tuple[CapsuleSpec, ...], tuple[Capsule, ...], int]] = {}
         self._fallback_warned: set[str] = set()
 
     @property
     def ratios(self) -> Mapping[str, float]:
         return self.calibration.ratios
 
+    async def prepare_turn(
+        self, raw: bytes, *, dialect: Dialect, path_session: str | None, headers: Mapping[str, str], credential: str
+    ) -> EngineTurn | PassthroughTurn:
+        """The turn for a client's body, its work placed by `proxy.service.scheduling`: parsed (off the loop
+        when big), then run once the session's earlier turns are done (off the loop when body, journal and
+        capsules are big together). Nothing here blocks the loop: a busy session is awaited."""
+        client = _client(credential)
+        parse = functools.partial(self._parse, raw, dialect, path_session, headers, credential, client)
+        request = await self.pool.run(parse, cost=len(raw), client=client)
+        async with self.gates.held(request.key):
+            session = self.store.get(request.key)
+            cost = request.size + request.capsule_bytes + JOURNAL_ENTRY_COST * len(session.journal)
+            run = functools.partial(self._run, request, session, cost)
+            return await self.pool.run(run, cost=cost, client=client)
+
+    async def _serialised(self, key: str, client: str, cost: int, work: Callable[[], T]) -> T:
+        """`work` for the session `key`, after its turns before it, off the loop when `cost` is big."""
+        async with self.gates.held(key):
+            return await self.pool.run(work, cost=cost, client=client)
+
     def parse_body(
         self, raw: bytes, *, path_session: str | None, headers: Mapping[str, str], credential: str
     ) -> Parsed:
         """A chat body, its repeated prefix taken from this conversation's last body (proxy.service.body_memos)."""
+        return self._parse_chat(raw, path_session, headers, _client(credential))
+
+    def _parse_chat(self, raw: bytes, path_session: str | None, headers: Mapping[str, str], client: str) -> Parsed:
         self.bodies.budget = self.holder.settings.state.body_memo_bytes  # follows a config reload
-        client = hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()[:32]  # no key kept in memory
         scope = f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
         parsed = self.bodies.parse(raw, scope)
         if parsed.reused:
             MESSAGES_REUSED.inc(parsed.reused)
         return parsed
+
+    def _parse(
+        self,
+        raw: bytes,
+        dialect: Dialect,
+        path_session: str | None,
+        headers: Mapping[str, str],
+        credential: str,
+        client: str,
+    ) -> _Request:
+        if dialect is CHAT:
+            parsed = self._parse_chat(raw, path_session, headers, client)
+            body, digests = parsed.body, parsed.digests
+        else:
+            body, digests = dialect.parse(raw), None
+        return self._resolve(dialect, body, digests, path_session, headers, credential, client, size=len(raw))
 
     def prepare(
         self,
@@ -309,11 +388,28 @@ class EngineService:
         digests: list[bytes] | None = None,
         dialect: Dialect = CHAT,
     ) -> EngineTurn | PassthroughTurn:
+        """One turn, all on the calling thread (benches, tests of the engine; the shell calls `prepare_turn`)."""
+        request = self._resolve(dialect, body, digests, path_session, headers, credential, _client(credential), size=0)
+        return self._run(request, self.store.get(request.key), 0)
+
+    def _resolve(
+        self,
+        dialect: Dialect,
+        body: dict,
+        digests: list[bytes] | None,
+        path_session: str | None,
+        headers: Mapping[str, str],
+        credential: str,
+        client: str,
+        *,
+        size: int,
+    ) -> _Request:
+        """Which session the body belongs to and what it runs under; no session state is touched."""
         hints = dialect.session_hints(headers, body)
         if reason := dialect.unedited_reason(body):
             session_id = session_id_for(path_session, headers, hints, credential, Conversation([], []))
-            self._record_unedited(scoped_key(session_id, credential), dialect, body, reason)
-            return PassthroughTurn(body=body, headers={"X-Context-Unedited": reason})
+            key = scoped_key(session_id, credential)
+            return _Request(key, client, dialect, body, size, unedited=reason)
         settings = self.holder.settings
         conversation = dialect.conversation(body, digests)
         session_id = session_id_for(path_session, headers, hints, credential, conversation)
@@ -321,26 +417,61 @@ class EngineService:
         model = settings.model(conversation.model)
         if model.pattern == "*":
             self._warn_fallback(conversation.model, model)
-        session = self.store.get(scoped_key(session_id, credential))
+        capsules, capsule_bytes = self._capsules(specs)
+        key = scoped_key(session_id, credential)
+        return _Request(
+            key, client, dialect, body, size, None, session_id, conversation, policy, model, capsules, capsule_bytes
+        )
+
+    def _capsules(self, specs: tuple[CapsuleSpec, ...]) -> tuple[tuple[Capsule, ...], int]:
+        """The engine's capsules for a rule's specs, made once per config (their scoring data is kept on them)."""
+        if not specs:
+            return (), 0
+        known = self._capsule_sets.get(id(specs))
+        if known is None or known[0] is not specs:
+            if len(self._capsule_sets) > 64:  # rules of configs reloaded since
+                self._capsule_sets.clear()
+            made = tuple(_capsule(s) for s in specs)
+            known = self._capsule_sets[id(specs)] = (specs, made, sum(len(c.text) for c in made))
+        return known[1], known[2]
+
+    def _run(self, request: _Request, session: Session, cost: int) -> EngineTurn | PassthroughTurn:
+        """The engine on the session's journal (the caller holds the session's gate, or is alone)."""
+        dialect, body = request.dialect, request.body
+        if request.unedited is not None:
+            self._record_unedited(session, dialect, body, request.unedited)
+            return PassthroughTurn(body=body, headers={"X-Context-Unedited": request.unedited})
+        conversation, policy, model = request.conversation, request.policy, request.model
+        assert conversation is not None and policy is not None and model is not None
+        settings = self.holder.settings
         inputs = _Inputs(
             dialect=dialect,
             conversation=conversation,
             policy=policy,
             model=model,
             counter=counter_for(model.encoding),
-            capsules=tuple(_capsule(s) for s in specs),
+            capsules=request.capsules,
             cuts=self.cuts,
-            cache_key=session_id if settings.responses.set_prompt_cache_key else None,
+            cache_key=request.session_id if settings.responses.set_prompt_cache_key else None,
             cache_breakpoints=settings.anthropic.place_breakpoints,
             cache_cold=self.store.knows_idle and cache_is_cold(model, conversation, session.idle_s),
         )
+        serialised = functools.partial(self._serialised, request.key, request.client, cost)
         with session.lock:
             session.policy = policy.name
             correction = self.calibration.correction(conversation.model, session.correction, model.estimate_margin)
             outcome = inputs.run(session.journal, correction)
             if outcome.overflow:
                 raise ContextOverflow(outcome.overflow.message())
-            turn = EngineTurn(session, inputs, body, session.journal, store=self.store, calibration=self.calibration)
+            turn = EngineTurn(
+                session,
+                inputs,
+                body,
+                session.journal,
+                store=self.store,
+                calibration=self.calibration,
+                serialised=serialised,
+            )
             turn.stats.api = dialect.name
             session.add_turn(turn.stats)
             turn.apply(outcome, correction)
@@ -358,15 +489,15 @@ class EngineService:
             model.context_window,
         )
 
-    def _record_unedited(self, key: str, dialect: Dialect, body: Mapping[str, Any], reason: str) -> None:
+    def _record_unedited(self, session: Session, dialect: Dialect, body: Mapping[str, Any], reason: str) -> None:
         """A turn whose history the upstream holds: shown in /sessions as forwarded unedited."""
-        session = self.store.get(key)
         with session.lock:
             session.add_turn(TurnStats(model=str(body.get("model") or ""), api=dialect.name, unedited=reason))
             self.store.save(session)
 
     def close(self) -> None:
-        """Write out what the session store has queued (at shutdown)."""
+        """Write out what the session store has queued (at shutdown); the engine threads stop."""
+        self.pool.close()
         self.store.close()
 
     def state_problem(self) -> str | None:
@@ -398,6 +529,11 @@ class EngineService:
             RECALL_MISSES.inc(policy=policy)
         if report.reruns:
             RERUNS.inc(report.reruns, policy=policy)
+
+
+def _client(credential: str) -> str:
+    """Who asks, without keeping their key in memory: the body memos' scope and the engine pool's fairness."""
+    return hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def build_context_service(holder: ConfigHolder) -> EngineService:

@@ -23,7 +23,9 @@ class PreparedTurn(Protocol):
     # The JSON response body, or every SSE event payload that held a usage object (the dialect reads them).
     def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None: ...
 
-    def refit(self, reported_prompt_tokens: int) -> dict | None: ...  # upstream said context_length_exceeded
+    # The upstream said context_length_exceeded: a re-fitted body (None: send nothing more). Awaited: a big
+    # turn's refit runs on an engine thread, after the session's other turns.
+    async def refit(self, reported_prompt_tokens: int) -> dict | None: ...
 
     # Write the turn to the session store: awaited before the body is sent (a shared store may re-run
     # the turn on a newer journal, changing `body`) and again after the answer (its usage).
@@ -32,40 +34,18 @@ class PreparedTurn(Protocol):
 
 @runtime_checkable
 class ContextService(Protocol):
-    def prepare(
-        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str, dialect: Dialect
-    ) -> PreparedTurn: ...  # raises proxy.errors.ProxyError to answer locally (e.g. ContextOverflow)
+    # The turn for a client's body: parsed by `dialect` (raises proxy.errors.ProxyError to answer locally,
+    # e.g. InvalidRequest, ContextOverflow). Awaited: the service decides where its work runs, and never
+    # blocks the loop while it does (proxy.service.scheduling).
+    async def prepare_turn(
+        self, raw: bytes, *, dialect: Dialect, path_session: str | None, headers: Mapping[str, str], credential: str
+    ) -> PreparedTurn: ...
 
     def sessions_json(self) -> list[dict[str, Any]] | None: ...  # GET /sessions; None: this service keeps none
 
     def session_json(self, session_id: str) -> dict[str, Any] | None: ...  # GET /sessions/{id}; None: not found
 
     def state_problem(self) -> str | None: ...  # why the session store is degraded (/healthz "state"); None: ok
-
-
-class ParsedBody(Protocol):
-    body: dict  # the validated chat body
-    digests: list[bytes]  # each message's digest, for `prepare(..., digests=...)`
-
-
-@runtime_checkable
-class BodyParser(Protocol):
-    """A service that parses chat bodies itself (e.g. reusing what it parsed last turn) and takes their digests."""
-
-    def parse_body(
-        self, raw: bytes, *, path_session: str | None, headers: Mapping[str, str], credential: str
-    ) -> ParsedBody: ...  # raises proxy.errors.InvalidRequest like parse_chat_body
-
-    def prepare(
-        self,
-        *,
-        path_session: str | None,
-        headers: Mapping[str, str],
-        body: dict,
-        credential: str,
-        dialect: Dialect,
-        digests: list[bytes] | None = None,
-    ) -> PreparedTurn: ...
 
 
 @dataclass
@@ -81,7 +61,7 @@ class PassthroughTurn:
     def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None:
         self.payloads = payloads
 
-    def refit(self, reported_prompt_tokens: int) -> dict | None:
+    async def refit(self, reported_prompt_tokens: int) -> dict | None:
         return None
 
     async def commit(self) -> None:
@@ -91,10 +71,10 @@ class PassthroughTurn:
 class PassthroughService:
     """The shell's default engine: body unchanged, no headers, no stripping."""
 
-    def prepare(
-        self, *, path_session: str | None, headers: Mapping[str, str], body: dict, credential: str, dialect: Dialect
+    async def prepare_turn(
+        self, raw: bytes, *, dialect: Dialect, path_session: str | None, headers: Mapping[str, str], credential: str
     ) -> PassthroughTurn:
-        return PassthroughTurn(body=body)
+        return PassthroughTurn(body=dialect.parse(raw))
 
     def sessions_json(self) -> None:
         return None

@@ -1,8 +1,6 @@
-"""What a proxy app holds, by typed key: shared by the routes in `server.py` and `rewrite.py`."""
+"""What a proxy app holds, by typed key: shared by the routes in `server.py` and `rewrite_routes.py`."""
 
 from __future__ import annotations
-
-from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -13,5 +11,3 @@ from proxy.shell.upstream import Upstream
 HOLDER = web.AppKey("holder", ConfigHolder)
 CONTEXT = web.AppKey("context", ContextService)
 UPSTREAM = web.AppKey("upstream", Upstream)
-ENGINE_THREAD = web.AppKey("engine_thread", ThreadPoolExecutor)
-PARSES_BODIES = web.AppKey("parses_bodies", bool)

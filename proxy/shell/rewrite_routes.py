@@ -1,38 +1,30 @@
 """The rewritten routes: one per API dialect, all through the engine on the same path.
 
-read the body → the dialect parses it → the engine prepares the turn (on a worker thread
-for large bodies) → send upstream (re-fitted and retried once on a context overflow,
-before the client saw a byte) → relay.
+read the body → the engine service parses and prepares the turn (awaited: it places its own work,
+off the loop when big, proxy.service.scheduling) → send upstream (re-fitted and retried once on a
+context overflow, before the client saw a byte) → relay.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
 
 import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.dialects import CHAT, DIALECTS, Dialect
+from proxy.dialects import DIALECTS, Dialect
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.metrics import METRICS
-from proxy.service.seam import BodyParser, ContextService, PassthroughTurn, PreparedTurn
+from proxy.service.seam import PassthroughTurn, PreparedTurn
 from proxy.shell.access import CLIENT_CREDENTIAL, authorization_token
-from proxy.shell.app_keys import CONTEXT, ENGINE_THREAD, HOLDER, PARSES_BODIES, UPSTREAM
+from proxy.shell.app_keys import CONTEXT, HOLDER, UPSTREAM
 from proxy.shell.body_reader import buffered_body
 from proxy.shell.relay import read_head, relay
 
 log = logging.getLogger("proxy.server")
-
-# Chat bodies at least this large are prepared on the engine's worker thread instead of the event
-# loop: a cold 200k-token conversation costs ~80 ms of CPU, much of it in tiktoken, which releases
-# the GIL, so other streams keep flowing meanwhile. Smaller bodies stay inline (a thread hop costs more).
-OFFLOAD_BYTES = 256 * 1024
 
 ERROR_PEEK_BYTES = 64 * 1024  # an upstream 400 is read this far to see if it is a context overflow
 
@@ -48,34 +40,16 @@ def _credential(request: web.Request) -> str:
     return f"{proxy_key}\n{token}" if proxy_key else token
 
 
-def _parse_and_prepare(
-    context: ContextService, parses: bool, dialect: Dialect, raw: bytes, **request: Any
-) -> PreparedTurn:
-    """Validate the body and let the engine prepare the turn (`parses`: the service parses chat bodies itself)."""
-    if parses and dialect is CHAT:
-        parser = cast(BodyParser, context)  # create_app checked it once (a Protocol check per request is slow)
-        parsed = parser.parse_body(raw, **request)
-        return parser.prepare(**request, body=parsed.body, dialect=dialect, digests=parsed.digests)
-    return context.prepare(**request, body=dialect.parse(raw), dialect=dialect)
-
-
 async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> PreparedTurn:
     """The engine's turn; a `ProxyError` (a malformed body, a request that cannot fit) goes to the client."""
-    work = functools.partial(
-        _parse_and_prepare,
-        request.app[CONTEXT],
-        request.app[PARSES_BODIES],
-        dialect,
-        raw,
-        path_session=request.match_info.get("session"),
-        headers=request.headers,
-        credential=_credential(request),
-    )
     try:
-        if len(raw) >= OFFLOAD_BYTES:  # a big conversation's parse and engine work must not hold other streams
-            turn = await asyncio.get_running_loop().run_in_executor(request.app[ENGINE_THREAD], work)
-        else:
-            turn = work()
+        return await request.app[CONTEXT].prepare_turn(
+            raw,
+            dialect=dialect,
+            path_session=request.match_info.get("session"),
+            headers=request.headers,
+            credential=_credential(request),
+        )
     except ProxyError:
         raise
     except Exception as exc:  # an engine bug must not cost the user the answer: forward as sent
@@ -83,7 +57,6 @@ async def _prepare(request: web.Request, dialect: Dialect, raw: bytes) -> Prepar
         log.error("context engine failed (%s); forwarding the request unchanged", type(exc).__name__)
         log.debug("context engine failure", exc_info=True)
         return PassthroughTurn(body=dialect.parse(raw))
-    return turn
 
 
 async def _head(response: aiohttp.ClientResponse, dialect: Dialect) -> bytes:
@@ -137,7 +110,7 @@ async def _send(
             response.close()
             raise UpstreamError("The upstream broke off its response.", code="upstream_broken") from exc
         tokens = dialect.overflow_tokens(response.status, head)
-        refitted = turn.refit(tokens) if tokens is not None else None
+        refitted = await turn.refit(tokens) if tokens is not None else None
         if refitted is None:
             return response, head
         log.info("upstream reported %d prompt tokens over the window; retrying once re-fitted", tokens)

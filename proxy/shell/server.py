@@ -11,7 +11,6 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 from aiohttp import web
@@ -21,14 +20,14 @@ from proxy.config.loader import ConfigHolder
 from proxy.dialects import MESSAGES
 from proxy.errors import ErrorShape, InvalidRequest, ProxyError, UpstreamError
 from proxy.metrics import METRICS
-from proxy.service.seam import BodyParser, ContextService, PassthroughService
+from proxy.service.seam import ContextService, PassthroughService
 from proxy.shell.access import (
     AccessMiddleware,
     Handler,
     admin_denied,
     exposure_problem,
 )
-from proxy.shell.app_keys import CONTEXT, ENGINE_THREAD, HOLDER, PARSES_BODIES, UPSTREAM
+from proxy.shell.app_keys import CONTEXT, HOLDER, UPSTREAM
 from proxy.shell.body_reader import BODY_BUDGET, BodyBudget, StreamedBody, max_body, too_large
 from proxy.shell.connection_guard import ConnectionGuard, GuardedSite, raise_file_limit
 from proxy.shell.log_hygiene import AcceptFailures, guarded_logger
@@ -193,7 +192,6 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     with contextlib.suppress(asyncio.CancelledError):
         await watcher
     await app[UPSTREAM].close()
-    app[ENGINE_THREAD].shutdown(wait=False)
 
 
 def create_app(
@@ -205,10 +203,7 @@ def create_app(
     )
     app[HOLDER] = holder
     app[CONTEXT] = context if context is not None else PassthroughService()
-    app[PARSES_BODIES] = isinstance(app[CONTEXT], BodyParser)  # checked once: a Protocol check is slow
     app[UPSTREAM] = upstream if upstream is not None else Upstream(holder)
-    # One worker: engine turns on it run one at a time, and each session's lock orders it with the loop.
-    app[ENGINE_THREAD] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="context-engine")
     # Never below one body of the largest size allowed, or such a body would be refused for good.
     app[BODY_BUDGET] = BodyBudget(
         max(int(holder.settings.server.body_budget_mb * 1024 * 1024), max_body(holder.settings))

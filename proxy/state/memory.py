@@ -37,7 +37,7 @@ class StoredTurn(Protocol):
     @property
     def calibration(self) -> Calibration: ...
 
-    def realign(self) -> None: ...  # run the turn again on `session.journal` (a newer one another process wrote)
+    async def realign(self) -> None: ...  # run the turn again on `session.journal` (a newer one another process wrote)
 
 
 class SessionStore:
