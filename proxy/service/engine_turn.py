@@ -1,0 +1,246 @@
+"""One prepared turn: the body to send upstream, and what the upstream's answer teaches.
+
+`EngineTurn` is what `EngineService.prepare_turn` hands the shell (`proxy.service.seam.PreparedTurn`):
+it adopts the engine's outcome into the session, learns billed and cached tokens from the usage, and
+re-runs the engine once (`refit`) when the upstream still says the context is too long, or (`realign`)
+when another process wrote the session first; both after the session's other turns, off the loop when big.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from proxy.context.calibration import Calibration, refit_correction
+from proxy.context.capsules import Capsule
+from proxy.context.economics import input_cost_usd
+from proxy.context.journal import Journal, TurnReport
+from proxy.context.pipeline import Outcome, process
+from proxy.context.policy import ModelInfo, Policy
+from proxy.context.steps import CutCache
+from proxy.dialects import Conversation, Dialect, Usage
+from proxy.dialects.base import writes_at
+from proxy.errors import ContextOverflow
+from proxy.metrics import METRICS
+from proxy.state import SessionStore
+from proxy.state.sessions import Session, TurnStats
+from proxy.tokens.counter import TokenCounter
+
+_POLICY = ("policy",)
+T = TypeVar("T")
+CACHED_TOKENS = METRICS.counter("context_proxy_upstream_cached_tokens_total", "Cached prompt tokens billed", _POLICY)
+PROMPT_TOKENS = METRICS.counter("context_proxy_upstream_prompt_tokens_total", "Prompt tokens billed upstream", _POLICY)
+RETRIES = METRICS.counter("context_proxy_refits_total", "Requests re-fitted after context_length_exceeded", _POLICY)
+COST = METRICS.counter("context_proxy_estimated_cost_usd_total", "Input cost, proxied or direct", ("policy", "route"))
+SAVED = METRICS.gauge(
+    "context_proxy_estimated_saved_usd", "Direct minus proxied input cost (negative when worse)", _POLICY
+)
+
+
+@dataclass(frozen=True)
+class TurnInputs:
+    """Everything `process()` takes besides the journal and the correction, fixed for the turn."""
+
+    dialect: Dialect
+    conversation: Conversation
+    policy: Policy
+    model: ModelInfo
+    counter: TokenCounter
+    capsules: tuple[Capsule, ...]
+    cuts: CutCache
+    cache_key: str | None = None  # the session id, for APIs that route their prompt cache by one
+    cache_breakpoints: bool = False  # the dialect may add prompt-cache breakpoints ([anthropic] place_breakpoints)
+    cache_cold: bool = False  # the upstream's cache expired since the session's last request (`cache_is_cold`)
+
+    @property
+    def epoch_model(self) -> ModelInfo:
+        """The model the epoch rule prices by: a client's 1-hour TTL makes writes dearer than the table's; an API
+        that reads the cache only at its marks (Anthropic) rewrites from the last mark before an edit."""
+        conversation, model = self.conversation, self.model
+        if conversation.marked_cache:
+            model = replace(model, marked_cache=True)
+        return model if conversation.cache_write_factor is None else writes_at(model, conversation.cache_write_factor)
+
+    def run(self, journal: Journal, correction: float) -> Outcome:
+        conversation = self.conversation
+        return process(
+            journal,
+            conversation.messages,
+            tools=conversation.tools,
+            policy=self.policy,
+            model=self.epoch_model,
+            counter=self.counter,
+            capsules=self.capsules,
+            max_output_tokens=conversation.max_output_tokens,
+            correction=correction,
+            digests=conversation.digests,
+            cuts=self.cuts,
+            cache_cold=self.cache_cold,
+        )
+
+
+async def _inline(work: Callable[[], T]) -> T:
+    return work()
+
+
+# Added to a TTL before the proxy assumes it ran out: the upstream counts from when it processed the last
+# request, a little after the proxy saw it arrive (the proxy's own work, the network, the upstream's queue).
+COLD_MARGIN_S = 30.0
+
+
+def cache_is_cold(model: ModelInfo, conversation: Conversation, idle_s: float) -> bool:
+    """Whether the upstream has dropped the session's cached prefix: idle longer than the model's TTL (or the
+    longer one the client asked for) and a margin. A model with no TTL is never assumed cold."""
+    if model.cache_ttl_s <= 0 or idle_s <= 0:
+        return False
+    return idle_s > max(model.cache_ttl_s, conversation.cache_ttl_s or 0) + COLD_MARGIN_S
+
+
+class EngineTurn:
+    """One prepared request (`proxy.service.seam.PreparedTurn`): the body to send and what to learn from the answer."""
+
+    def __init__(
+        self,
+        session: Session,
+        inputs: TurnInputs,
+        body: dict,
+        journal: Journal,
+        *,
+        store: SessionStore,
+        calibration: Calibration,
+        serialised: Callable[[Callable[[], Any]], Awaitable[Any]] = _inline,
+    ) -> None:
+        # Runs engine work for this session: after the session's earlier turns, off the loop if it is big.
+        self._serialised = serialised
+        self.store = store  # where the session is saved after each change
+        self.calibration = calibration  # what the upstream's usage teaches about our counts
+        self.session = session
+        self.inputs = inputs
+        self.client_body = body
+        self.journal_before = journal
+        self.body: dict = {}
+        self.headers: dict[str, str] = {}
+        self.strip_usage_chunk = False
+        self.unchanged = False
+        self.untouched = False
+        self.stats = TurnStats()
+        self.outcome: Outcome | None = None
+        self.correction = 1.0
+        self.stored_journal: Journal | None = None  # what the session store last wrote for this turn
+        self.usage_stored = False
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.inputs.dialect
+
+    @property
+    def model(self) -> str:
+        return self.inputs.conversation.model
+
+    @property
+    def estimate(self) -> float:
+        """Our uncorrected count of what was sent (the report's count carries the correction)."""
+        return self.outcome.report.tokens_after / self.correction if self.outcome and self.correction > 0 else 0.0
+
+    def apply(self, outcome: Outcome, correction: float, *, retried: bool = False) -> None:
+        """Adopt an outcome: the session's journal, the body, headers and this turn's report."""
+        self.outcome, self.correction = outcome, correction
+        self.session.journal = outcome.journal
+        conversation = self.inputs.conversation
+        engine_in, out = conversation.messages, outcome.messages
+        # The conversation goes upstream as the client sent it: a direct request would have been billed the same.
+        self.untouched = len(out) == len(engine_in) and all(a is b for a, b in zip(out, engine_in, strict=True))
+        self.unchanged = self.untouched
+        body = self.client_body
+        if not self.unchanged:
+            body = self.dialect.render(body, conversation, out, outcome.sources)
+        if self.inputs.cache_key:
+            body = self.dialect.with_session(body, self.inputs.cache_key)
+        body = self.dialect.with_cache_breakpoints(body, self.inputs.cache_breakpoints)
+        self.body, self.strip_usage_chunk = self.dialect.with_usage_requested(body)
+        self.unchanged = self.unchanged and self.body is self.client_body
+        model = self.inputs.model
+        self.headers = {**outcome.report.headers(), "X-Context-Window": str(model.context_window)}
+        self.stats.report = outcome.report
+        self.stats.model = self.inputs.conversation.model
+        self.stats.window, self.stats.model_entry = model.context_window, model.pattern
+        self.stats.retried = retried
+        self.store.save(self.session)
+
+    def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None:
+        usage = self.dialect.usage(payloads)
+        if usage is None or self.outcome is None or self.stats.prompt_tokens is not None:
+            return
+        model = self.inputs.model
+        self.calibration.learn(self.inputs.conversation.model, usage.prompt, self.estimate)
+        direct_prompt, direct_cached = self._direct_usage(usage, self.outcome.report)
+        self.session.direct_prompt_tokens = direct_prompt
+        stats = self.stats
+        stats.prompt_tokens, stats.cached_tokens = usage.prompt, usage.cached
+        stats.cost_usd = usage.cost_usd(model)
+        stats.direct_cost_usd = input_cost_usd(model, direct_prompt, direct_cached)
+        self.session.cost_usd += stats.cost_usd
+        self.session.direct_cost_usd += stats.direct_cost_usd
+        policy = self.session.policy
+        PROMPT_TOKENS.inc(usage.prompt, policy=policy)
+        CACHED_TOKENS.inc(usage.cached, policy=policy)
+        COST.inc(stats.cost_usd, policy=policy, route="proxied")
+        COST.inc(stats.direct_cost_usd, policy=policy, route="direct")
+        SAVED.inc(stats.direct_cost_usd - stats.cost_usd, policy=policy)
+        self.store.save(self.session)
+
+    def _direct_usage(self, usage: Usage, report: TurnReport) -> tuple[int, int]:
+        """(prompt, cached) tokens the same turn would have been billed sent unedited, straight to the upstream."""
+        if self.untouched:  # it was sent unedited: the same bill, so a session left alone never reads as a loss
+            return usage.prompt, usage.cached
+        # The unedited request, scaled by the same upstream/estimate ratio; its cache would have held
+        # the previous turn's unedited prompt (a client that only appends never breaks its own prefix) ...
+        scale = usage.prompt / report.tokens_after if report.tokens_after else 1.0
+        direct_prompt = round(report.tokens_before * scale)
+        # ... if the upstream's cache was warm at all: no hit on a turn whose prefix we did not change means
+        # a cold cache (first turn, expiry, a prompt under its minimum), which direct would have met too.
+        warm = self.inputs.model.cache_discount < 1 and (usage.cached > 0 or report.epoch)
+        return direct_prompt, min(self.session.direct_prompt_tokens, direct_prompt) if warm else 0
+
+    async def commit(self) -> None:
+        """Write the turn to the session store: before it is sent (a shared store may re-run it), and its usage."""
+        await self.store.commit(self)
+
+    async def realign(self) -> None:
+        """Another process wrote this session first: run the turn again on the journal it left."""
+        await self._serialised(self._realign)
+
+    def _realign(self) -> None:
+        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction)
+        with self.session.lock:
+            self.journal_before = self.session.journal
+            outcome = self.inputs.run(self.journal_before, correction)
+            if outcome.overflow:
+                raise ContextOverflow(outcome.overflow.message())
+            self.apply(outcome, correction)
+
+    async def refit(self, reported_prompt_tokens: int) -> dict | None:
+        """Re-run the turn from the journal as it was before it, with our count scaled to the upstream's."""
+        refitted: dict | None = await self._serialised(functools.partial(self._refit, reported_prompt_tokens))
+        return refitted
+
+    def _refit(self, reported_prompt_tokens: int) -> dict | None:
+        if self.outcome is None or self.stats.retried or reported_prompt_tokens < 0 or self.estimate <= 0:
+            return None
+        if reported_prompt_tokens == 0:  # too long by an amount the upstream did not say: at least the window
+            window = self.inputs.model.context_window - (self.inputs.conversation.max_output_tokens or 0)
+            reported_prompt_tokens = max(window, round(self.estimate * self.correction)) + 1
+        learned = refit_correction(reported_prompt_tokens, self.estimate)
+        self.session.correction = max(self.session.correction, learned)
+        RETRIES.inc(policy=self.session.policy)
+        margin = self.inputs.model.estimate_margin
+        correction = self.calibration.correction(self.inputs.conversation.model, self.session.correction, margin)
+        with self.session.lock:
+            outcome = self.inputs.run(self.journal_before, correction)
+            self.stats.retried = True
+            if outcome.overflow or outcome.messages == self.outcome.messages:
+                return None
+            self.apply(outcome, correction, retried=True)
+        return self.body
