@@ -29,7 +29,7 @@ def run_smoke() -> dict[str, Any]:
         )
     out["scaling"] = scaling.run_scaling(sizes=(2000, 4000), warm_turns=2, firsts=1)
     out["savings"] = asyncio.run(savings.run_savings(["sweagent_marshmallow-1867.json"], limit=3, plot=False))
-    out["stall"] = asyncio.run(stall.run_stall(rounds=1, size=70_000))  # ~290 KB: over OFFLOAD_BYTES
+    out["stall"] = asyncio.run(stall.run_stall(rounds=1, size=70_000))  # ~290 KB: over scheduling.INLINE_COST
     if (ROOT / ".git").exists():  # ab unpacks a commit with `git archive`: a checkout, not an unpacked sdist
         out["ab"] = ab.run_ab("HEAD", n=16, rounds=2)
     if importlib.util.find_spec("pyinstrument") is not None:  # a bench-only dependency: CI may not have it

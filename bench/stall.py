@@ -5,7 +5,7 @@ A stream paced at 5 ms a chunk runs through the proxy while a cold 200k-token co
 the simulator answers it without counting it (it would otherwise stall its own event loop and
 pace the stream late itself); the proxy still does all its work on the body. Reported: the
 largest gap between the stream's chunks, with the engine on its worker thread (as shipped) and
-with every body prepared inline on the event loop (`OFFLOAD_BYTES` raised), in the same run.
+with every body prepared inline on the event loop (`INLINE_COST` raised), in the same run.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import orjson
 from bench.convo import Conversation
 from bench.procs import spawn
 from proxy.config.loader import ConfigHolder, load_settings
+from proxy.service import scheduling
 from proxy.service.engine_service import build_context_service
-from proxy.shell import rewrite_routes as rewrite
 from proxy.shell import server
 
 PACING_MS = 5
@@ -53,12 +53,12 @@ async def _max_gap(client: aiohttp.ClientSession, url: str, big: bytes, tag: str
 
 async def run_stall(rounds: int = 3, size: int = SIZE) -> dict[str, Any]:
     sim = spawn("sim", "--chunks", "60")
-    shipped = rewrite.OFFLOAD_BYTES
+    shipped = scheduling.INLINE_COST
     result: dict[str, Any] = {"pacing_ms": PACING_MS, "tokens": size, "rounds": rounds}
     try:
         async with aiohttp.ClientSession() as client:
             for mode, offload in (("worker thread", shipped), ("inline", 10**15)):
-                rewrite.OFFLOAD_BYTES = offload
+                scheduling.INLINE_COST = offload
                 holder = ConfigHolder(load_settings(upstream_url=sim.url), upstream_url=sim.url)
                 runner, port = await server.start(holder, context=build_context_service(holder))
                 try:
@@ -73,7 +73,7 @@ async def run_stall(rounds: int = 3, size: int = SIZE) -> dict[str, Any]:
                 finally:
                     await runner.cleanup()
     finally:
-        rewrite.OFFLOAD_BYTES = shipped
+        scheduling.INLINE_COST = shipped
         sim.stop()
     return result
 
