@@ -100,10 +100,10 @@ class RecordingService:
         self.turns.append(turn)
         return turn
 
-    def sessions_json(self) -> list[dict]:
+    async def sessions_json(self) -> list[dict]:
         return [{"id": c["path_session"]} for c in self.calls]
 
-    def session_json(self, session_id: str) -> dict | None:
+    async def session_json(self, session_id: str) -> dict | None:
         return {"id": session_id} if any(c["path_session"] == session_id for c in self.calls) else None
 
     def state_problem(self) -> None:

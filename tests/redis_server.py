@@ -28,10 +28,10 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
+    def start(self, extra: list[str] | None = None) -> None:
         assert REDIS_SERVER is not None
         args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder)]
-        args += ["--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning"]
+        args += ["--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning", *(extra or [])]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -49,3 +49,43 @@ class RedisServer:
             self.process.kill()
             self.process.wait(timeout=10)
         self.process = None
+
+
+REDIS_CLI = shutil.which("redis-cli")
+
+
+class RedisCluster:
+    """A real three-node Redis Cluster on 127.0.0.1 (no replicas): every slot served, as `redis-cli --cluster create`
+    lays them out; `url` names its first node, as a client configured for a cluster would."""
+
+    def __init__(self, folder: Path, nodes: int = 3) -> None:
+        self.nodes = [RedisServer(folder / f"node-{i}") for i in range(nodes)]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.folder.mkdir(parents=True, exist_ok=True)
+            node.start(["--cluster-enabled", "yes", "--cluster-config-file", str(node.folder / "nodes.conf")])
+        assert REDIS_CLI is not None
+        addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        create = [REDIS_CLI, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"]
+        subprocess.run(create, check=True, capture_output=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # every node agrees the cluster is up before a test uses it
+            states = [self.cli(n, "cluster", "info") for n in self.nodes]
+            if all("cluster_state:ok" in s for s in states):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the Redis Cluster did not come up")
+
+    def cli(self, node: RedisServer, *command: str) -> str:
+        assert REDIS_CLI is not None
+        args = [REDIS_CLI, "-p", str(node.port), *command]
+        return subprocess.run(args, check=True, capture_output=True, text=True, timeout=10).stdout
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

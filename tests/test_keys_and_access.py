@@ -319,7 +319,7 @@ async def test_a_session_is_never_shared_across_credentials(env) -> None:
             headers = {"Authorization": f"Bearer {user_key}", "X-Proxy-Key": PROXY_KEYS[0]}
             status, _, _ = await post(rig, headers, conversation)
             assert status == 200
-        rows = rig.context.sessions_json()
+        rows = await rig.context.sessions_json()
         assert len(rows) == 2, "two users with the same prompts landed in one session"
         for row in rows:
             status, _, data = await post_get(rig, f"/sessions/{row['id']}", {})
@@ -339,6 +339,6 @@ async def test_clients_with_different_proxy_keys_never_share_a_session(env) -> N
         for proxy_key in PROXY_KEYS[:2]:
             status, _, _ = await post(rig, {"Authorization": f"Bearer {proxy_key}"}, conversation)
             assert status == 200
-        assert len(rig.context.sessions_json()) == 2
+        assert len(await rig.context.sessions_json()) == 2
     finally:
         await rig.close()

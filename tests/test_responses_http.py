@@ -83,7 +83,7 @@ async def test_usage_from_response_completed_is_learned_per_session(engine_rig: 
     async with sdk(engine_rig, "/s/usage-run/v1") as client:
         stream = await client.responses.create(model="gpt-4o", input="Say hello.", stream=True)
         completed = [event async for event in stream][-1]
-    session = engine_rig.context.session_json("usage-run")
+    session = await engine_rig.context.session_json("usage-run")
     assert session["turn_details"][-1]["prompt_tokens"] == completed.response.usage.input_tokens
 
 
@@ -132,7 +132,7 @@ async def test_a_streamed_refusal_for_length_is_refitted_before_the_client_sees_
         kinds = [event.type async for event in stream]
     assert "error" not in kinds and "response.failed" not in kinds and kinds[-1] == "response.completed"
     assert rig.sim.totals.refused == 1 and rig.sim.totals.answered == 1
-    assert rig.context.session_json("refit")["turn_details"][-1]["retried"] is True
+    assert (await rig.context.session_json("refit"))["turn_details"][-1]["retried"] is True
 
 
 async def test_a_refusal_for_length_without_a_count_is_refitted_too(make_rig: MakeRig) -> None:
@@ -204,7 +204,7 @@ async def test_server_side_history_is_forwarded_unedited_and_says_so(engine_rig:
             model="gpt-4o", input="What number?", previous_response_id=first.id
         )
     assert raw.headers["X-Context-Unedited"] == "previous_response_id"
-    turns = engine_rig.context.session_json("stored-history")["turn_details"]
+    turns = (await engine_rig.context.session_json("stored-history"))["turn_details"]
     assert [(t["api"], t["unedited"]) for t in turns] == [("responses", None), ("responses", "previous_response_id")]
     assert engine_rig.sim.requests[-1].raw == orjson.dumps(
         {"model": "gpt-4o", "input": "What number?", "previous_response_id": first.id}
@@ -229,7 +229,7 @@ async def test_session_id_comes_from_codex_header_then_prompt_cache_key_then_met
         await client.responses.create(**body, prompt_cache_key="cache-key", metadata={"session_id": "meta"})
         await client.responses.create(**body, metadata={"session_id": "meta"})
         assert upstream_body(engine_rig)["prompt_cache_key"] == "meta"  # set to the session id when absent
-    ids = {row["id"] for row in engine_rig.context.sessions_json()}
+    ids = {row["id"] for row in await engine_rig.context.sessions_json()}
     assert {"codex-conv", "cache-key", "meta"} <= ids
 
 

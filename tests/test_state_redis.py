@@ -265,7 +265,7 @@ async def test_with_redis_away_every_turn_is_answered_and_sharing_resumes_when_i
     assert len(sent) == len(history)  # every turn was answered (ask() asserts a whole stream)
     stored = redis.Redis.from_url(redis_server.url)
     try:
-        keys = stored.keys("context-proxy:session:outage*")
+        keys = stored.keys("context-proxy:session:{outage*")
         assert len(keys) == 1 and stored.hget(keys[0], "s")
     finally:
         stored.close()

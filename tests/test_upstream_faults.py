@@ -154,12 +154,12 @@ async def test_sessions_survive_every_fault() -> None:
     try:
         status, _, _ = await fetch(rig.base_url, chat_body(stream=True), session_id="s-keep")
         assert status == 200
-        before = rig.context.session_json("s-keep")
+        before = await rig.context.session_json("s-keep")
         for fault in ("reset-before-headers", "reset-mid-stream", "malformed-sse", "non-json-error", "status-500"):
             await fetch(rig.base_url, chat_body(stream=True), fault, session_id="s-other")
-        assert rig.context.session_json("s-keep") == before
+        assert await rig.context.session_json("s-keep") == before
         status, _, clean = await fetch(rig.base_url, chat_body(stream=True), session_id="s-keep")
         assert (status, clean) == (200, True)
-        assert rig.context.session_json("s-keep")["turns"] == before["turns"] + 1
+        assert (await rig.context.session_json("s-keep"))["turns"] == before["turns"] + 1
     finally:
         await rig.close()

@@ -78,6 +78,7 @@ class StateConfig:
     redis_password_env: str = ""  # env var with the Redis password, when it is not in the URL
     redis_timeout_ms: float = 250  # one Redis call; past it the turn goes on from this process's own state
     redis_retry_s: float = 1.0  # after a failure, Redis is tried again this long after
+    redis_cluster: bool = False  # redis_url names one node of a Redis Cluster (each session in one hash slot)
 
     @property
     def body_memo_bytes(self) -> int:

@@ -287,19 +287,28 @@ class EngineService:
         """Why the session store is degraded (`/healthz` "state"), or None."""
         return self.store.problem
 
-    def sessions_json(self) -> list[dict[str, Any]]:
-        """`GET /sessions`: one row per session in memory, most recent first; no message text."""
-        return sorted((s.summary() for s in self.store), key=lambda row: row["last_seen"], reverse=True)
+    async def sessions_json(self) -> list[dict[str, Any]]:
+        """`GET /sessions`: one row per session, most recent first, every process's when the store is shared
+        (each row as its latest writer left it); at most `[state] max_sessions`; no message text."""
+        limit = self.store.max_sessions
+        rows = {row["key"]: row for row in await self.store.shared_rows(limit)}
+        for session in self.store:
+            row = rows.get(session.id)
+            if row is None or session.last_seen >= row["last_seen"]:  # our copy is the latest one
+                rows[session.id] = session.summary()
+        return sorted(rows.values(), key=lambda row: row["last_seen"], reverse=True)[:limit]
 
-    def session_json(self, session_id: str) -> dict[str, Any] | None:
-        """`GET /sessions/{id}`: per turn, what the engine did and what the upstream billed."""
+    async def session_json(self, session_id: str) -> dict[str, Any] | None:
+        """`GET /sessions/{id}`: per turn, what the engine did and what the upstream billed; from this process's
+        copy, or the shared store's when another process served the session since."""
         session = self.store.peek(session_id)
         if session is None:  # the id as the client named it: the most recent client's session of that name
             named = [s for s in self.store if visible_id(s.id) == session_id]
             session = max(named, key=lambda s: s.last_seen, default=None)
-        if session is None:
-            return None
-        return {**session.to_dict(), **session.journal.summary()}
+        shared = await self.store.shared_report(session_id, self.store.max_sessions)
+        if session is not None and (shared is None or session.last_seen >= shared["last_seen"]):
+            return {**session.to_dict(), **session.journal.summary()}
+        return shared
 
     def _record_metrics(self, policy: str, outcome: Outcome) -> None:
         report = outcome.report

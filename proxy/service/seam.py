@@ -41,9 +41,10 @@ class ContextService(Protocol):
         self, raw: bytes, *, dialect: Dialect, path_session: str | None, headers: Mapping[str, str], credential: str
     ) -> PreparedTurn: ...
 
-    def sessions_json(self) -> list[dict[str, Any]] | None: ...  # GET /sessions; None: this service keeps none
+    # GET /sessions (every instance's, with a shared store); None: this service keeps none.
+    async def sessions_json(self) -> list[dict[str, Any]] | None: ...
 
-    def session_json(self, session_id: str) -> dict[str, Any] | None: ...  # GET /sessions/{id}; None: not found
+    async def session_json(self, session_id: str) -> dict[str, Any] | None: ...  # GET /sessions/{id}; None: not found
 
     def state_problem(self) -> str | None: ...  # why the session store is degraded (/healthz "state"); None: ok
 
@@ -76,10 +77,10 @@ class PassthroughService:
     ) -> PassthroughTurn:
         return PassthroughTurn(body=dialect.parse(raw))
 
-    def sessions_json(self) -> None:
+    async def sessions_json(self) -> None:
         return None
 
-    def session_json(self, session_id: str) -> None:
+    async def session_json(self, session_id: str) -> None:
         return None
 
     def state_problem(self) -> None:

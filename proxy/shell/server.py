@@ -11,6 +11,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -108,11 +109,12 @@ async def sessions(request: web.Request) -> web.Response:
         return denied
     context: ContextService = request.app[CONTEXT]
     session_id = request.match_info.get("session_id")
-    rows = context.sessions_json()
-    if rows is None:
-        raise ProxyError("This proxy keeps no sessions.", status=404, code="not_found")
-    data = rows if session_id is None else context.session_json(session_id)
-    if data is None:
+    data: list[dict[str, Any]] | dict[str, Any] | None
+    if session_id is None:
+        data = await context.sessions_json()
+        if data is None:
+            raise ProxyError("This proxy keeps no sessions.", status=404, code="not_found")
+    elif (data := await context.session_json(session_id)) is None:
         raise ProxyError("No such session.", status=404, code="not_found")
     return web.Response(body=orjson.dumps(data), content_type="application/json")
 

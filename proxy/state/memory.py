@@ -108,6 +108,14 @@ class SessionStore:
     async def commit(self, turn: StoredTurn) -> None:
         """Make the turn's state shared before it is sent (and its usage, after): only a shared store does."""
 
+    async def shared_rows(self, limit: int) -> list[dict[str, Any]]:
+        """The `/sessions` rows of every process's sessions, when the store is shared (Redis); else none."""
+        return []
+
+    async def shared_report(self, session_id: str, limit: int) -> dict[str, Any] | None:
+        """A session's `/sessions/{id}` body as a shared store holds it (any process's); None: not there."""
+        return None
+
     def forget(self, session_id: str) -> None:
         with self._lock:
             if self._sessions.pop(session_id, None) is not None:

@@ -27,9 +27,11 @@ import secrets
 import time
 from collections.abc import Awaitable
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -38,7 +40,9 @@ from proxy.config.loader import StateConfig
 from proxy.context.calibration import RATIO_SMOOTHING, observed_ratio
 from proxy.metrics import METRICS
 from proxy.state.codec import journal_bytes, session_from
+from proxy.state.fleet import REPORT_FIELD, ROW_FIELD, FleetIndex
 from proxy.state.memory import SessionStore, StoredTurn
+from proxy.state.redis_keys import CALIBRATION_KEY, session_key, turns_key
 from proxy.state.sessions import MAX_TURNS_KEPT, Session
 from proxy.state.sqlite import STATE_FAILURES, STATE_TOO_LARGE
 
@@ -48,19 +52,19 @@ STATE_CONFLICTS = METRICS.counter(
     "context_proxy_state_conflicts_total", "Turns re-run because another process wrote their session first"
 )
 
-PREFIX = "context-proxy:"
-CALIBRATION_KEY = PREFIX + "calibration"  # hash: model -> learned ratio (repr of a float)
 # Journals this long are encoded on a worker thread, not on the loop.
 _OFFLOAD_MESSAGES = 1000
 _MAX_REALIGNS = 3  # a turn that loses this many races in a row goes out as last prepared
+_READ_TIMEOUT_S = 1.0  # reading the fleet's sessions (not on a turn's path) may take this long
 
-# KEYS: session hash, calibration hash. ARGV: expected version, state, ttl ms, model, new version.
-# The state is written only if nobody wrote since the turn was prepared (or Redis lost the key).
-# Versions are random, never counted, so two processes that each went on alone never match by chance.
-# Either way the model's shared learned ratio comes back, for this process's next turns.
+# KEYS: session hash, calibration hash (not on a cluster: another slot). ARGV: expected version, state,
+# ttl ms, model, new version. The state is written only if nobody wrote since the turn was prepared (or
+# Redis lost the key). Versions are random, never counted, so two processes that each went on alone never
+# match by chance. Either way the model's shared learned ratio comes back, for this process's next turns.
 _COMMIT = """
 local v = redis.call('HGET', KEYS[1], 'v')
-local r = redis.call('HGET', KEYS[2], ARGV[4]) or ''
+local r = ''
+if KEYS[2] then r = redis.call('HGET', KEYS[2], ARGV[4]) or '' end
 if not v or v == ARGV[1] then
   redis.call('HSET', KEYS[1], 'v', ARGV[5], 's', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -70,27 +74,41 @@ local h = redis.call('HMGET', KEYS[1], 'v', 's', 'cost', 'direct_cost', 'direct_
 return {0, h[1] or '', h[2] or '', r, h[3] or '0', h[4] or '0', h[5] or '0'}
 """
 
-# KEYS: session hash, turn details list, calibration hash. ARGV: cost, direct cost, direct prompt tokens,
-# turn detail, details kept, ttl ms, model, observed ratio ('' = none), smoothing. One call, one round trip:
-# the turn's usage, and Calibration.learn done where every process sees it, so two turns that learn at
-# once both count (%.17g gives Python the same float back). Returns the model's shared ratio.
-_USAGE = """
+# KEYS: calibration hash. ARGV: model, observed ratio ('' = none), smoothing. Calibration.learn done where
+# every process sees it, so two turns that learn at once both count (%.17g gives Python the same float
+# back). Returns the model's shared ratio. Part of _USAGE, or on a cluster a call of its own.
+_LEARN = """
+if ARGV[{o}] == '' then
+  return redis.call('HGET', KEYS[{k}], ARGV[{m}]) or ''
+end
+local observed = tonumber(ARGV[{o}])
+local old = tonumber(redis.call('HGET', KEYS[{k}], ARGV[{m}]) or ARGV[{o}])
+local new = string.format('%.17g', old + tonumber(ARGV[{s}]) * (observed - old))
+redis.call('HSET', KEYS[{k}], ARGV[{m}], new)
+return new
+"""
+
+# KEYS: session hash, turn details list, calibration hash (not on a cluster). ARGV: cost, direct cost,
+# direct prompt tokens, turn detail, details kept, ttl ms, model, observed ratio ('' = none), smoothing,
+# the session's /sessions row, its report. One call, one round trip: the turn's usage, what the fleet view
+# reads (proxy/state/fleet.py) and, with the calibration hash, _LEARN.
+_USAGE = (
+    """
 redis.call('HINCRBYFLOAT', KEYS[1], 'cost', ARGV[1])
 redis.call('HINCRBYFLOAT', KEYS[1], 'direct_cost', ARGV[2])
-redis.call('HSET', KEYS[1], 'direct_prompt', ARGV[3])
+redis.call('HSET', KEYS[1], 'direct_prompt', ARGV[3], '"""
+    + ROW_FIELD
+    + """', ARGV[10], '"""
+    + REPORT_FIELD
+    + """', ARGV[11])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('RPUSH', KEYS[2], ARGV[4])
 redis.call('LTRIM', KEYS[2], -tonumber(ARGV[5]), -1)
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
-if ARGV[8] == '' then
-  return redis.call('HGET', KEYS[3], ARGV[7]) or ''
-end
-local observed = tonumber(ARGV[8])
-local old = tonumber(redis.call('HGET', KEYS[3], ARGV[7]) or ARGV[8])
-local new = string.format('%.17g', old + tonumber(ARGV[9]) * (observed - old))
-redis.call('HSET', KEYS[3], ARGV[7], new)
-return new
+if not KEYS[3] then return '' end
 """
+    + _LEARN.format(k=3, m=7, o=8, s=9)
+)
 
 
 class RedisStore(SessionStore):
@@ -107,6 +125,7 @@ class RedisStore(SessionStore):
         timeout_s: float = 0.25,
         retry_s: float = 1.0,
         max_session_kb: float = 2048,
+        cluster: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -114,16 +133,13 @@ class RedisStore(SessionStore):
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self.max_bytes = int(max_session_kb * 1024)
-        self.client = aioredis.Redis.from_url(
-            url,
-            password=password,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),  # a failed call fails the turn's commit, never delays it
-            health_check_interval=0,
-        )
+        self.cluster = cluster
+        self.client = _client(url, password, timeout_s, cluster)
         self._commit = self.client.register_script(_COMMIT)
         self._usage = self.client.register_script(_USAGE)
+        self._learn = self.client.register_script(_LEARN.format(k=1, m=1, o=2, s=3))
+        self.fleet = FleetIndex(self.client, self.idle_ttl_s, self.clock)
+        self._flusher: asyncio.Task[None] | None = None
         self._versions: dict[str, str] = {}  # session key -> the version our copy was read or written at
         self._problem: str | None = None
         self._retry_at = 0.0
@@ -138,6 +154,7 @@ class RedisStore(SessionStore):
             timeout_s=config.redis_timeout_ms / 1000,
             retry_s=config.redis_retry_s,
             max_session_kb=config.max_session_kb,
+            cluster=config.redis_cluster,
             max_sessions=config.max_sessions,
             idle_ttl_s=config.idle_ttl_s,
             **kwargs,
@@ -167,17 +184,22 @@ class RedisStore(SessionStore):
 
     async def _write_turn(self, turn: StoredTurn) -> None:
         session, model, calibration = turn.session, turn.model, turn.calibration
-        key = _key(session.id)
+        key = session_key(session.id)
         for _ in range(_MAX_REALIGNS):
             state = await self._encode(session)
             if state is None:
-                await self._bounded(self.client.delete(key, _turns_key(session.id)))
+                await self._bounded(self._delete(session.id))
                 turn.stored_journal = session.journal
                 return
             ttl = str(int(self.idle_ttl_s * 1000))
             expected = self._versions.get(session.id, "")
             args: list[Any] = [expected, state, ttl, model, secrets.token_hex(8)]
-            reply = await self._bounded(self._commit(keys=[key, CALIBRATION_KEY], args=args))
+            if self.cluster:  # the calibration is in another slot: read beside the script, in the same wait
+                commit = self._commit(keys=[key], args=args)
+                reply, ratio = await self._bounded(asyncio.gather(commit, self.client.hget(CALIBRATION_KEY, model)))
+                reply[2 if int(reply[0]) == 1 else 3] = ratio or b""
+            else:
+                reply = await self._bounded(self._commit(keys=[key, CALIBRATION_KEY], args=args))
             self.bytes_written += len(state)
             shared_ratio = reply[2] if int(reply[0]) == 1 else reply[3]
             if shared_ratio:
@@ -223,27 +245,61 @@ class RedisStore(SessionStore):
             return None
         return state
 
+    async def _delete(self, session_id: str) -> None:
+        """Both keys of a session (one slot: one call on a cluster too)."""
+        await self.client.delete(session_key(session_id), turns_key(session_id))
+
     async def _write_usage(self, turn: StoredTurn) -> None:
         session, stats, model = turn.session, turn.stats, turn.model
         detail = orjson.dumps(stats.to_dict())
-        observed = observed_ratio(stats.prompt_tokens or 0, turn.estimate)
-        args: list[Any] = [
-            repr(stats.cost_usd or 0.0),
-            repr(stats.direct_cost_usd or 0.0),
-            session.direct_prompt_tokens,
-            detail,
-            MAX_TURNS_KEPT,
-            int(self.idle_ttl_s * 1000),
-            model,
-            "" if observed is None else repr(observed),
-            repr(RATIO_SMOOTHING),
-        ]
-        keys = [_key(session.id), _turns_key(session.id), CALIBRATION_KEY]
-        shared_ratio = await self._bounded(self._usage(keys=keys, args=args))
+        row, report = orjson.dumps(session.summary()), orjson.dumps({**session.overview(), **session.journal.summary()})
+        observed = "" if (ratio := observed_ratio(stats.prompt_tokens or 0, turn.estimate)) is None else repr(ratio)
+        ttl_ms = int(self.idle_ttl_s * 1000)
+        money = [repr(stats.cost_usd or 0.0), repr(stats.direct_cost_usd or 0.0), session.direct_prompt_tokens]
+        args: list[Any] = [*money, detail, MAX_TURNS_KEPT, ttl_ms, model, observed, repr(RATIO_SMOOTHING), row, report]
+        keys = [session_key(session.id), turns_key(session.id)]
+        if self.cluster:  # the calibration is learned in its own slot, in the same wait
+            learn = self._learn(keys=[CALIBRATION_KEY], args=[model, observed, repr(RATIO_SMOOTHING)])
+            _, shared_ratio = await self._bounded(asyncio.gather(self._usage(keys=keys, args=args), learn))
+        else:
+            shared_ratio = await self._bounded(self._usage(keys=[*keys, CALIBRATION_KEY], args=args))
         if shared_ratio:
             turn.calibration.ratios[model] = float(shared_ratio)
-        self.bytes_written += len(detail)
+        self.bytes_written += len(detail) + len(row) + len(report)
         turn.usage_stored = True
+        self.fleet.seen(session.id, session.last_seen)
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_index())
+
+    async def _flush_index(self) -> None:
+        """The fleet index's batches, at most one a `FLUSH_S`, written beside the turns (no turn waits for them)."""
+        try:
+            while self.fleet.pending:
+                await asyncio.sleep(self.fleet.wait_s())
+                await self._bounded(self.fleet.flush())
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+        finally:
+            self._flusher = None
+
+    async def shared_rows(self, limit: int) -> list[dict[str, Any]]:
+        """Every instance's `/sessions` rows (the `limit` most recent); none while Redis fails."""
+        return await self._read(self.fleet.rows(limit), [])
+
+    async def shared_report(self, session_id: str, limit: int) -> dict[str, Any] | None:
+        """The `/sessions/{id}` body as the process that served the session last wrote it; None: not in Redis."""
+        return await self._read(self.fleet.report(session_id, limit), None)
+
+    async def _read(self, call: Awaitable[Any], otherwise: Any) -> Any:
+        if time.monotonic() < self._retry_at:
+            return otherwise
+        try:
+            async with asyncio.timeout(max(self.timeout_s, _READ_TIMEOUT_S)):
+                await self.fleet.flush()  # this process's own latest sessions first
+                return await call
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+            return otherwise
 
     async def _bounded(self, call: Awaitable[Any]) -> Any:
         """One Redis call, never longer than `redis_timeout_ms` (connecting included)."""
@@ -259,8 +315,8 @@ class RedisStore(SessionStore):
         STATE_FAILURES.inc(store="redis")
 
     def _where(self) -> str:
-        kwargs = self.client.connection_pool.connection_kwargs
-        return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        where = urlsplit(self.url)
+        return f"{where.hostname or '?'}:{where.port or 6379}" if where.scheme != "unix" else where.path
 
 
 def _holds_more(stored: Any, turn: Any) -> bool:
@@ -273,9 +329,14 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _key(session_id: str) -> str:
-    return f"{PREFIX}session:{session_id}"
-
-
-def _turns_key(session_id: str) -> str:
-    return f"{PREFIX}turns:{session_id}"
+def _client(url: str, password: str | None, timeout_s: float, cluster: bool) -> Any:
+    """redis-py's asyncio client; on a cluster, one that follows the slots (found on its first call)."""
+    bounds: dict[str, Any] = {
+        "password": password,
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 0),  # a failed call fails the turn's commit, never delays it
+    }
+    if cluster:
+        return RedisCluster.from_url(url, **bounds)
+    return aioredis.Redis.from_url(url, health_check_interval=0, **bounds)

@@ -192,6 +192,10 @@ class Session:
 
     def to_dict(self) -> dict[str, Any]:
         """The `GET /sessions/{id}` body."""
+        return {**self.overview(), "turn_details": [t.to_dict() for t in self.turns]}
+
+    def overview(self) -> dict[str, Any]:
+        """The `GET /sessions/{id}` body but the turn details (what a shared store keeps beside them)."""
         cost, direct, last = self.cost_usd, self.direct_cost_usd, self.last_report
         return {
             **self.summary(),
@@ -201,5 +205,4 @@ class Session:
             "cost_usd": cost,
             "direct_cost_usd": direct,
             "saved_usd": direct - cost,
-            "turn_details": [t.to_dict() for t in self.turns],
         }

@@ -1,0 +1,134 @@
+"""One view of the fleet: proxies that share a Redis (one server, or a real three-node Redis Cluster) each show
+every instance's sessions on `/sessions` and `/sessions/{id}`, and on a cluster serve as one proxy would."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis
+
+from proxy.demo.simulator import SIMULATOR, start_simulator
+from tests.redis_server import REDIS_CLI, REDIS_SERVER, RedisCluster, RedisServer
+from tests.test_state_redis import Proxy, ask, redis_server, reference, turns, write_config
+
+__all__ = ["redis_server", "reference"]  # fixtures this module uses
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed (.ci/run installs it)")
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[RedisCluster]:
+    if REDIS_CLI is None:
+        pytest.skip("redis-cli is not installed (Debian's redis-tools, beside redis-server)")
+    cluster = RedisCluster(tmp_path / "cluster")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def cluster_config(folder: Path, upstream: str, cluster: RedisCluster) -> Path:
+    path = write_config(folder, upstream, cluster.url)
+    path.write_text(path.read_text() + "redis_cluster = true\n")  # [state] is the file's last table
+    return path
+
+
+async def get(port: int, path: str) -> Any:
+    async with aiohttp.ClientSession() as client, client.get(f"http://127.0.0.1:{port}{path}") as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def eventually(check: Callable[[], Any], within_s: float = 10.0) -> Any:
+    """`check()`'s first truthy answer: the fleet index is written in batches, at most a second apart."""
+    deadline = time.monotonic() + within_s
+    while True:
+        if answer := await check():
+            return answer
+        assert time.monotonic() < deadline, "the fleet view never showed it"
+        await asyncio.sleep(0.1)
+
+
+def first_turns(count: int) -> list[tuple[list, Any]]:
+    return [(messages, tools) for _s, _k, messages, tools in list(turns())[:count]]
+
+
+async def test_each_instance_lists_and_shows_the_sessions_the_others_served(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    sim, url = await start_simulator()
+    config = write_config(tmp_path / "fleet", url, redis_server.url)
+    try:
+        async with Proxy(config) as a, Proxy(config) as b:
+            for messages, tools in first_turns(3):
+                await ask(a.port, "served-by-a", messages, tools)
+            for messages, tools in first_turns(2):
+                await ask(b.port, "served-by-b", messages, tools)
+
+            async def both_listed(port: int) -> dict[str, int] | None:
+                rows = {row["id"]: row["turns"] for row in await get(port, "/sessions")}
+                return rows if rows == {"served-by-a": 3, "served-by-b": 2} else None
+
+            assert await eventually(lambda: both_listed(a.port))
+            assert await eventually(lambda: both_listed(b.port))
+            on_a, on_b = await get(a.port, "/sessions/served-by-b"), await get(b.port, "/sessions/served-by-b")
+            assert on_a["turns"] == on_b["turns"] == 2
+            after = [[t["tokens_after"] for t in shown["turn_details"]] for shown in (on_a, on_b)]
+            assert after[0] == after[1] and len(after[0]) == 2
+            assert on_a["cost_usd"] == pytest.approx(on_b["cost_usd"]) and on_a["cost_usd"] > 0
+            assert on_a["epochs"] == on_b["epochs"]
+
+            # B goes on with A's session: A's own copy is now behind, and A shows B's turn all the same.
+            for messages, tools in first_turns(4)[3:]:
+                await ask(b.port, "served-by-a", messages, tools)
+            shown = await get(a.port, "/sessions/served-by-a")
+            assert shown["turns"] == 4 and len(shown["turn_details"]) == 4
+    finally:
+        await sim.cleanup()
+
+
+async def test_two_proxies_on_a_three_node_cluster_send_what_one_proxy_sends(
+    tmp_path: Path, redis_cluster: RedisCluster, reference: list[bytes]
+) -> None:
+    sim, url = await start_simulator()
+    config = cluster_config(tmp_path / "cluster-pair", url, redis_cluster)
+    sessions: set[str] = set()
+    try:
+        async with Proxy(config) as a, Proxy(config) as b:
+            for i, (session, _k, messages, tools) in enumerate(turns()):
+                await ask((a, b)[i % 2].port, session, messages, tools)
+                sessions.add(session)
+            sent = [r.raw for r in sim.app[SIMULATOR].requests]
+            rows = await eventually(lambda: _listed(a.port, len(sessions)))
+            assert {row["id"] for row in rows} == sessions
+            for session in sessions:
+                on_a, on_b = await get(a.port, f"/sessions/{session}"), await get(b.port, f"/sessions/{session}")
+                assert on_a["turns"] == on_b["turns"] > 0
+    finally:
+        await sim.cleanup()
+    assert sent == reference
+    # Each session's two keys (its hash, its turn details) share a hash tag, so one node holds both.
+    nodes_of: dict[str, set[int]] = {}
+    shared = set()
+    for i, node in enumerate(redis_cluster.nodes):
+        with redis.Redis(port=node.port) as client:
+            for key in (k.decode() for k in client.scan_iter("context-proxy:*")):
+                if "{" in key:
+                    nodes_of.setdefault(key[key.index("{") : key.index("}") + 1], set()).add(i)
+                else:
+                    shared.add(key)
+    assert {tag.split("@")[0].strip("{") for tag in nodes_of} == sessions
+    assert all(len(nodes) == 1 for nodes in nodes_of.values()), nodes_of
+    assert shared == {"context-proxy:calibration", "context-proxy:sessions"}
+
+
+async def _listed(port: int, count: int) -> list[dict] | None:
+    rows = await get(port, "/sessions")
+    return rows if len(rows) == count else None
