@@ -10,6 +10,7 @@ from pathlib import Path
 
 from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, ServerConfig, Settings, load_settings
 from proxy.config.schema import Source, validate
+from proxy.metrics import share_from_env
 from proxy.shell.log_hygiene import guard_handlers
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -118,6 +119,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     if args.passthrough:
         log.warning("--passthrough: chat bodies are forwarded unchanged, the context engine is off")
+    share_from_env()  # one of `--workers N`: /metrics adds up every worker's
     try:
         serve(holder, host, port, context=context, reuse_port=args.reuse_port)
     except ListenError as exc:
@@ -131,10 +133,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _run_workers(args: argparse.Namespace, settings: Settings, port: int) -> int:
     """`--workers N`: N `serve` processes sharing the port; refused (ConfigError) when they would not share sessions."""
-    from proxy.shell.workers import check_workers, run_workers
+    from proxy.shell.workers import check_workers, run_workers, shared_metrics
 
     check_workers(args.workers, settings, port, args.passthrough)
-    return run_workers(args.workers, worker_argv(args.argv))
+    with shared_metrics():
+        return run_workers(args.workers, worker_argv(args.argv))
 
 
 def worker_argv(argv: list[str]) -> list[str]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from proxy.demo.simulator import SIMULATOR, start_simulator
@@ -48,3 +51,53 @@ async def test_two_workers_on_one_port_send_what_one_proxy_sends(
         await sim.cleanup()
     assert code == 0
     assert sent == reference
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+async def _requests_served(port: int) -> float:
+    """`context_proxy_requests_total` for chat completions, as the worker this connection reached says."""
+    async with aiohttp.ClientSession() as client, client.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    assert "process_cpu_seconds_total" not in text  # one worker's own: a shared registry leaves them out
+    # Every status: a client that hangs up as soon as it has read its answer may be counted as 499.
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(CHAT_REQUESTS))
+
+
+CHAT_REQUESTS = 'context_proxy_requests_total{route="chat_completions",'
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed (.ci/run installs it)")
+async def test_every_worker_answers_metrics_for_all_of_them_and_a_restarted_one_takes_nothing_away(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    sim, url = await start_simulator()
+    port, served = closed_port(), 40
+    parent = subprocess.Popen(serve_command(write_config(tmp_path / "metrics", url, redis_server.url), port, 2))
+    body = {"model": "sim-12k", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        await wait_healthy(port)
+        for i in range(served):  # a new connection each: the kernel spreads them over both workers
+            async with (
+                aiohttp.ClientSession() as client,
+                client.post(f"http://127.0.0.1:{port}/s/m-{i}/v1/chat/completions", json=body) as response,
+            ):
+                assert response.status == 200
+        scrapes = [await _requests_served(port) for _ in range(10)]  # each on a new connection, either worker
+        assert scrapes == [served] * 10
+        workers = _children(parent.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        for _ in range(200):  # the parent starts another
+            if len(set(_children(parent.pid)) - set(workers)) == 1:
+                break
+            await asyncio.sleep(0.05)
+        await wait_healthy(port)
+        assert [await _requests_served(port) for _ in range(10)] == [served] * 10
+    finally:
+        parent.send_signal(signal.SIGTERM)
+        code = parent.wait(timeout=30)
+        await sim.cleanup()
+    assert code == 0

@@ -35,7 +35,7 @@ PROMPT_TOKENS = METRICS.counter("context_proxy_upstream_prompt_tokens_total", "P
 RETRIES = METRICS.counter("context_proxy_refits_total", "Requests re-fitted after context_length_exceeded", _POLICY)
 COST = METRICS.counter("context_proxy_estimated_cost_usd_total", "Input cost, proxied or direct", ("policy", "route"))
 SAVED = METRICS.gauge(
-    "context_proxy_estimated_saved_usd", "Direct minus proxied input cost (negative when worse)", _POLICY
+    "context_proxy_estimated_saved_usd", "Direct minus proxied input cost (negative when worse)", _POLICY, live=False
 )
 
 

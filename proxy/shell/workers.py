@@ -9,14 +9,19 @@ refuses to start.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from types import FrameType
 
 from proxy.config.loader import ConfigError, Settings
+from proxy.metrics import SHARED_DIR_ENV
 
 log = logging.getLogger("proxy.workers")
 
@@ -36,6 +41,22 @@ def check_workers(workers: int, settings: Settings, port: int, passthrough: bool
             f"--workers {workers}: each worker is its own process and only Redis shares sessions between them; "
             "set [state] redis_url (or run one worker)"
         )
+
+
+@contextlib.contextmanager
+def shared_metrics() -> Iterator[None]:
+    """The workers started meanwhile keep their metrics in one folder, so each answers /metrics for all
+    (proxy/metrics.py); it is removed when they are all done."""
+    with tempfile.TemporaryDirectory(prefix="context-proxy-metrics-") as folder:
+        before = os.environ.get(SHARED_DIR_ENV)
+        os.environ[SHARED_DIR_ENV] = folder  # inherited by every worker, restarted ones too
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(SHARED_DIR_ENV, None)
+            else:
+                os.environ[SHARED_DIR_ENV] = before
 
 
 def run_workers(workers: int, argv: list[str]) -> int:
