@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Literal
 
 import aiohttp
@@ -14,6 +16,7 @@ from pydantic import BaseModel
 
 from proxy.demo.simulator import start_simulator
 from tests.harness import closed_port, listening_port
+from tests.served import serve, write_config
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 
@@ -155,3 +158,29 @@ async def test_a_session_the_proxy_left_alone_never_reads_as_a_loss(packaged_pro
     assert report["saved_usd"] == 0 and report["cost_usd"] > 0
     assert all(t["banked"] == 0 for t in report["turn_details"])  # nor does the engine count any saving
     assert all(t["cost_usd"] == t["direct_cost_usd"] for t in report["turn_details"])
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_the_first_request_of_a_fresh_process_costs_what_any_other_does(tmp_path):
+    """Each model's tokenizer is loaded before the proxy listens: no client's first turn pays for it."""
+    sim_runner, sim_url = await start_simulator()
+    proxy = serve(write_config(tmp_path), upstream_url=sim_url)
+    try:
+        sdk = client(f"{proxy.root}/v1")
+        cpu = []
+        for round_ in ("first", "later"):  # each round: a new session per tokenizer (o200k_base, cl100k_base)
+            before = _cpu_seconds(proxy.process.pid)
+            for model in ("gpt-4o", "gpt-4"):
+                text = f"{round_} request for {model}: " + " ".join(f"word{i}" for i in range(200))
+                await sdk.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": text}], extra_headers={"X-Session-Id": text}
+                )
+            cpu.append(_cpu_seconds(proxy.process.pid) - before)
+        assert cpu[0] < cpu[1] + 0.15, cpu  # loading o200k_base alone is 0.4-1.1 s of CPU
+    finally:
+        proxy.stop()
+        await sim_runner.cleanup()
