@@ -93,6 +93,7 @@ def check_startup(settings: Settings) -> None:
     """A key variable the config names but the environment lacks would fail every request: refuse to start."""
     for section, key, consequence in (
         ("upstream", "api_key_env", "every request would be refused with 502"),
+        ("anthropic", "api_key_env", "every Anthropic request would be refused with 502"),
         ("auth", "keys_env", "the proxy would be open to anyone"),
     ):
         name = getattr(getattr(settings, section), key)

@@ -56,7 +56,7 @@ def test_upstream_flag_overrides_the_config() -> None:
 
 def test_session_files_override_policy_keys_and_add_capsules() -> None:
     settings = load_settings()
-    policy, capsules = settings.policy_for("agent-7")
+    policy, capsules = settings.policy_for("example-7")
     assert policy.name == "example"
     assert policy.clear_tool_outputs.keep_tokens == 8000
     assert policy.clear_tool_outputs.keep_under == settings.policy.clear_tool_outputs.keep_under  # not overridden
@@ -104,13 +104,13 @@ def test_reload_takes_a_good_change_and_keeps_the_last_good_on_a_broken_one(conf
     session.write_text(session.read_text().replace("keep_tokens = 8000", "keep_tokens = 4000"))
     bump(session)
     assert holder.reload_if_changed() is True
-    assert holder.settings.policy_for("agent-1")[0].clear_tool_outputs.keep_tokens == 4000
+    assert holder.settings.policy_for("example-1")[0].clear_tool_outputs.keep_tokens == 4000
 
     session.write_text("match = [\n")
     bump(session)
     assert holder.reload_if_changed() is False
     assert "example.toml" in (holder.last_error or "")
-    assert holder.settings.policy_for("agent-1")[0].clear_tool_outputs.keep_tokens == 4000
+    assert holder.settings.policy_for("example-1")[0].clear_tool_outputs.keep_tokens == 4000
 
 
 def test_a_relative_state_path_is_relative_to_the_config_file(config_dir: Path) -> None:

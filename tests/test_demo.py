@@ -72,7 +72,14 @@ async def test_a_direct_replay_on_a_small_window_counts_the_refused_turns():
 
 def test_the_demo_replays_through_the_proxy_and_prints_its_table(capsys):
     assert main(["--turns", "70"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    progress = [line.strip() for line in err.splitlines()]  # the replay as it goes, never a long silence
+    assert [p for p in progress if p.startswith("direct:")] == [
+        "direct: turn 25/70",
+        "direct: turn 50/70",
+        "direct: turn 70/70",
+    ]
+    assert "via proxy: turn 70/70" in progress
     rows = {m[1].strip(): m[2].split() for m in re.finditer(r"^  (\S[\w ()-]+?)\s{2,}(.+)$", out, re.M)}
     assert any(line.split() == ["direct", "via", "proxy"] for line in out.splitlines())
     assert rows["turns sent"] == ["70", "70"]

@@ -71,6 +71,12 @@ CONFIG_MISTAKES = [
         r"proxy\.toml:\d+: \[upstream\] api_key_env: the variable CONTEXT_PROXY_TEST_UNSET_KEY is not set",
         id="unset-key-variable",
     ),
+    pytest.param(
+        "proxy.toml", 'api_key_env = ""              # set: the proxy sends $VAR\'s key as x-api-key',
+        'api_key_env = "CONTEXT_PROXY_TEST_UNSET_KEY"  # the x-api-key',
+        r"proxy\.toml:\d+: \[anthropic\] api_key_env: the variable CONTEXT_PROXY_TEST_UNSET_KEY is not set",
+        id="unset-anthropic-key-variable",
+    ),
 ]  # fmt: skip
 
 
@@ -156,7 +162,7 @@ def test_reload_refuses_a_bad_file_with_the_same_line_and_keeps_the_last_good(co
     assert holder.reload_if_changed() is False
     assert holder.last_error == str(refused.value)
     assert "example.toml:6: [policy.clear_tool_outputs] keep_token: unknown key" in holder.last_error
-    assert holder.settings.policy_for("agent-1")[0].clear_tool_outputs.keep_tokens == 8000
+    assert holder.settings.policy_for("example-1")[0].clear_tool_outputs.keep_tokens == 8000
 
 
 def test_reload_names_the_changed_file_and_the_keys_that_wait_for_a_restart(

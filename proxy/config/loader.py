@@ -7,6 +7,7 @@ path, line and key, and on reload the last good version stays in force.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import logging
 import os
 import tomllib
@@ -207,6 +208,13 @@ def _policy(base: dict[str, Any], overrides: Any, source: Source) -> Policy:
         raise source.error(["policy"], None, str(exc)) from None
 
 
+@functools.cache
+def packaged_models() -> tuple[ModelInfo, ...]:
+    """The packaged config's model table: what a config file without a `[models]` table of its own uses."""
+    data, source = _read_toml(DEFAULT_CONFIG)
+    return _models(data.get("models", {}), source)
+
+
 def _models(data: Any, source: Source) -> tuple[ModelInfo, ...]:
     if not isinstance(data, dict):
         raise source.error(["models"], None, "must be a table of model globs")
@@ -266,7 +274,7 @@ def load_settings(
         sections["state"] = replace(state, path=str(path.parent / state.path))
     settings = Settings(
         **sections,
-        models=_models(data.get("models", {}), source),
+        models=_models(data["models"], source) if "models" in data else packaged_models(),
         default_encoding=str(data.get("default_encoding", "o200k_base")),
         policy_data=policy_data,
         policy=policy,

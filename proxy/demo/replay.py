@@ -12,8 +12,9 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,11 +76,22 @@ def _bodies(trace: Trace, model: str, api: str) -> Iterator[tuple[str, dict[str,
         yield "chat/completions", {**body, **extra}
 
 
+Progress = Callable[[str, int, int], None]  # (label, turns sent, turns in all)
+
+
 async def replay(
-    base_url: str, trace: Trace, model: str, label: str, max_turns: int | None = None, api: str = "chat"
+    base_url: str,
+    trace: Trace,
+    model: str,
+    label: str,
+    max_turns: int | None = None,
+    api: str = "chat",
+    progress: Progress | None = None,
 ) -> ReplayResult:
     """Send each of the trace's requests as the agent did (streamed, usage requested) and tally the outcome."""
     result = ReplayResult(label)
+    total = sum(1 for _ in requests(trace))
+    total = total if max_turns is None else min(total, max_turns)
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout, headers={"Authorization": "Bearer demo"}) as http:
         for turn, (path, body) in enumerate(_bodies(trace, model, api), start=1):
@@ -99,7 +111,18 @@ async def replay(
                     result.failed += 1
                     result.first_failure = result.first_failure or turn
                 result.usage.append(usage)
+            if progress is not None:
+                progress(label, turn, total)
     return result
+
+
+def print_progress(label: str, sent: int, total: int) -> None:
+    """The replay as it goes, on stderr: one line redrawn on a terminal, else a line every 25 turns."""
+    if sys.stderr.isatty():
+        end = "\n" if sent == total else ""
+        print(f"\r  {label}: turn {sent}/{total}", end=end, file=sys.stderr, flush=True)
+    elif sent == total or sent % 25 == 0:
+        print(f"  {label}: turn {sent}/{total}", file=sys.stderr, flush=True)
 
 
 def _refused_for_window(status: int, body: bytes) -> None:
@@ -175,7 +198,9 @@ def render(trace: Trace, model: str, info: ModelInfo, results: list[ReplayResult
     return "\n".join(lines)
 
 
-async def run_demo(trace_name: str, model: str, max_turns: int | None = None, api: str = "chat") -> str:
+async def run_demo(
+    trace_name: str, model: str, max_turns: int | None = None, api: str = "chat", progress: Progress | None = None
+) -> str:
     """Start the simulator and the proxy, replay the trace direct and through the proxy; return the table."""
     from proxy.service.engine_service import build_context_service
     from proxy.shell import server  # imported late: `--help` and `--list` need neither the shell nor the engine
@@ -189,10 +214,10 @@ async def run_demo(trace_name: str, model: str, max_turns: int | None = None, ap
         settings = load_settings(upstream_url=sim_url, anthropic_url=sim_url.removesuffix("/v1"))
         holder = ConfigHolder(settings, upstream_url=sim_url)
         proxy_runner, port = await server.start(holder, "127.0.0.1", 0, context=build_context_service(holder))
-        direct = await replay(sim_url, trace, model, "direct", max_turns, api)
+        direct = await replay(sim_url, trace, model, "direct", max_turns, api, progress)
         sim.reset()  # the proxied run starts with a cold prompt cache too
         session = f"http://127.0.0.1:{port}/s/demo-{int(time.time())}/v1"
-        proxied = await replay(session, trace, model, "via proxy", max_turns, api)
+        proxied = await replay(session, trace, model, "via proxy", max_turns, api, progress)
     finally:
         if proxy_runner is not None:
             await proxy_runner.cleanup()
@@ -232,15 +257,18 @@ def main(args: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     started = time.monotonic()
-    print(asyncio.run(run_demo(ns.trace, ns.model or DEFAULT_MODELS[ns.api], ns.turns, ns.api)))
+    print(f"replaying {ns.trace} direct, then through the proxy ...", file=sys.stderr, flush=True)
+    print(asyncio.run(run_demo(ns.trace, ns.model or DEFAULT_MODELS[ns.api], ns.turns, ns.api, print_progress)))
     print(f"\n(finished in {time.monotonic() - started:.1f} s)")
     return 0
 
 
 async def _serve_simulator(host: str, port: int, delay_ms: int) -> None:
     runner, url = await start_simulator(SimulatorConfig(chunk_delay_s=delay_ms / 1000), host, port)
-    print(f"simulated OpenAI upstream on {url} (models: {', '.join(SimulatorConfig().models)}); Ctrl-C stops it")
-    print(f"try: context-proxy serve --upstream {url}", flush=True)
+    models = ", ".join(SimulatorConfig().models)
+    print(f"simulated upstream on {url} (chat completions, Responses, Anthropic Messages; models: {models})")
+    anthropic = url.removesuffix("/v1")
+    print(f"try: context-proxy serve --upstream {url} --anthropic-upstream {anthropic}   (Ctrl-C stops it)", flush=True)
     try:
         await asyncio.Event().wait()
     finally:

@@ -266,9 +266,12 @@ class EngineService:
         if name in self._fallback_warned or len(self._fallback_warned) >= MAX_FALLBACK_WARNINGS:
             return
         self._fallback_warned.add(name)
+        table = self.holder.settings.models
+        entry = 'but "*"' if any(m.pattern == "*" for m in table) else "(and the table has no \"*\")"
         log.warning(
-            'model %r matches no [models] entry but "*": assuming a %d-token window; add an entry to say otherwise',
+            "model %r matches no [models] entry %s: assuming a %d-token window; add an entry to say otherwise",
             name[:100],
+            entry,
             model.context_window,
         )
 

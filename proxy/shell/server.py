@@ -291,8 +291,10 @@ async def _serve_until_stopped(
             loop.add_signal_handler(sig, stop.set)
     if problem := exposure_problem(host, holder.settings):
         log.error("%s", problem)
-    upstream = holder.settings.upstream.base_url
-    log.info("context-proxy listening on http://%s:%d, forwarding to %s", host, bound, upstream)
+    upstream, anthropic = holder.settings.upstream.base_url, holder.settings.anthropic.base_url
+    log.info(
+        "context-proxy listening on http://%s:%d, forwarding to %s (Anthropic: %s)", host, bound, upstream, anthropic
+    )
     try:
         await stop.wait()
     finally:
