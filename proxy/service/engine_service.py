@@ -267,7 +267,7 @@ class EngineService:
             return
         self._fallback_warned.add(name)
         table = self.holder.settings.models
-        entry = 'but "*"' if any(m.pattern == "*" for m in table) else "(and the table has no \"*\")"
+        entry = 'but "*"' if any(m.pattern == "*" for m in table) else '(and the table has no "*")'
         log.warning(
             "model %r matches no [models] entry %s: assuming a %d-token window; add an entry to say otherwise",
             name[:100],
