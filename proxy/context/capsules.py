@@ -6,11 +6,13 @@ same answer every turn: a capsule injected once stays injected while the query a
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections import Counter as Tally
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from proxy.context.tokens import Counter, HeuristicCounter
 
@@ -43,7 +45,11 @@ class ContextRequest:
 
 @dataclass
 class Capsule:
-    """A piece of context a session's config offers for injection."""
+    """A piece of context a session's config offers for injection.
+
+    What scoring and counting need from its text is worked out once per capsule and kept on it, so a
+    caller that keeps its capsules across turns (the service does, per config) pays for a big one once.
+    """
 
     id: str
     kind: str
@@ -52,6 +58,33 @@ class Capsule:
     confidence: float = 1.0
     freshness: float = 1.0
     scope_weight: float = 1.0
+
+    @cached_property
+    def terms(self) -> Tally[str]:
+        """Its words (text, kind and tags) and how often each comes: what BM25 scores."""
+        return Tally(_words(f"{self.text} {self.kind} {' '.join(self.tags)}"))
+
+    @cached_property
+    def length(self) -> int:
+        return sum(self.terms.values())
+
+    @cached_property
+    def haystack(self) -> str:
+        """Where a request's tags are looked for: its text and kind, lower case."""
+        return f"{self.text}\n{self.kind}".lower()
+
+    @cached_property
+    def text_key(self) -> str:
+        """A short digest of its text: a changed capsule is a different one."""
+        return hashlib.blake2b(self.text.encode(), digest_size=8).hexdigest()
+
+    def tokens(self, counter: Counter) -> int:
+        """Its text's tokens by `counter`, counted once per kind of counter (an encoding's, the heuristic)."""
+        counts: dict[str, int] = self.__dict__.setdefault("_tokens", {})
+        kind = f"{type(counter).__name__}:{getattr(counter, 'name', '')}"
+        if kind not in counts:
+            counts[kind] = counter.count_text(self.text)
+        return counts[kind]
 
 
 @dataclass
@@ -69,20 +102,20 @@ def _words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def _relevance(query: str, documents: list[list[str]]) -> list[float]:
-    """BM25 of each document for the query, divided by its ceiling so 1.0 means every term, saturated."""
+def _relevance(query: str, documents: Sequence[Capsule]) -> list[float]:
+    """BM25 of each capsule for the query, divided by its ceiling so 1.0 means every term, saturated."""
     terms = set(_words(query))
     if not terms or not documents:
         return [0.0] * len(documents)
     n = len(documents)
-    average = sum(len(d) for d in documents) / n or 1.0
-    frequency = Tally(term for d in documents for term in set(d))
+    average = sum(d.length for d in documents) / n or 1.0
+    frequency = {t: sum(1 for d in documents if t in d.terms) for t in terms}
     idf = {t: math.log(1 + (n - frequency[t] + 0.5) / (frequency[t] + 0.5)) for t in terms}
     ceiling = sum(idf.values()) * (BM25_K1 + 1)
     scores = []
     for document in documents:
-        counts = Tally(document)
-        norm = BM25_K1 * (1 - BM25_B + BM25_B * len(document) / average)
+        counts = document.terms
+        norm = BM25_K1 * (1 - BM25_B + BM25_B * document.length / average)
         score = sum(idf[t] * counts[t] * (BM25_K1 + 1) / (counts[t] + norm) for t in terms if counts[t])
         scores.append(min(1.0, score / ceiling))
     return scores
@@ -91,7 +124,7 @@ def _relevance(query: str, documents: list[list[str]]) -> list[float]:
 def _score(capsule: Capsule, relevance: float, request: ContextRequest) -> float:
     score = (RELEVANCE_WEIGHT * relevance + CONFIDENCE_WEIGHT * capsule.confidence) * capsule.freshness
     score *= capsule.scope_weight
-    haystack = f"{capsule.text}\n{capsule.kind}".lower()
+    haystack = capsule.haystack
     own_tags = {t.lower() for t in capsule.tags}
     if any(t and (t.lower() in haystack or t.lower() in own_tags) for t in request.tags):
         score *= TAG_BOOST
@@ -107,9 +140,8 @@ def select_capsules(
     counter = counter if counter is not None else HeuristicCounter()
     kinds = {k.lower() for k in request.kinds}
     candidates = [c for c in capsules if not kinds or c.kind.lower() in kinds]
-    documents = [_words(f"{c.text} {c.kind} {' '.join(c.tags)}") for c in candidates]
     scored = sorted(
-        ((_score(c, r, request), c) for c, r in zip(candidates, _relevance(request.query, documents), strict=True)),
+        ((_score(c, r, request), c) for c, r in zip(candidates, _relevance(request.query, candidates), strict=True)),
         key=lambda pair: (-pair[0], pair[1].id),
     )
     top = scored[0][0] if scored else 0.0
@@ -117,7 +149,7 @@ def select_capsules(
         return ContextBundle(excluded=[c.id for _, c in scored], skipped=True, top_score=top)
     bundle = ContextBundle(top_score=top)
     for score, capsule in scored:
-        tokens = counter.count_text(capsule.text)
+        tokens = capsule.tokens(counter)
         full = request.max_capsules and len(bundle.capsules) >= request.max_capsules
         if full or score < request.min_score or bundle.used_tokens + tokens > request.budget_tokens:
             bundle.excluded.append(capsule.id)

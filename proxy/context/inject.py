@@ -9,7 +9,6 @@ takes it out of the body (`stale_capsules`, `drop_capsules`); a changed one is t
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 from proxy.context.capsules import Capsule, ContextRequest, select_capsules
@@ -34,7 +33,7 @@ def inject_capsules(
     if not capsules and not state.snapshot:
         return ContextDiff()
     chosen = _select(messages, wanted, counter, capsules)
-    now = [ContextBlock(c.id, _text_key(c.text), c.kind, counter.count_text(c.text)) for c in chosen]
+    now = [ContextBlock(c.id, c.text_key, c.kind, c.tokens(counter)) for c in chosen]
     diff = build_context_diff(state.snapshot, now)
     present = state.injected()
     added = {b.anchor for b in diff.added}
@@ -94,12 +93,8 @@ def _select(
     return select_capsules(request, capsules, counter).capsules
 
 
-def _text_key(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
 def _key(capsule: Capsule) -> str:
-    return f"{capsule.id}#{_text_key(capsule.text)}"
+    return f"{capsule.id}#{capsule.text_key}"
 
 
 def _anchor(messages: Sequence[Message], first_new: int) -> int | None:
