@@ -27,7 +27,9 @@ from proxy.config.loader import ConfigHolder, load_settings
 from proxy.demo.simulator import SIMULATOR, start_simulator
 from proxy.demo.traces import list_traces, load_trace, requests
 from proxy.service.engine_service import build_context_service
+from proxy.shell.app_keys import CONTEXT
 from proxy.shell.server import start
+from proxy.state.redis import CALIBRATION_KEY
 from tests.harness import closed_port, settle
 from tests.redis_server import REDIS_SERVER, RedisServer
 
@@ -302,3 +304,31 @@ async def test_a_redis_that_stops_answering_delays_no_turn_for_long(tmp_path: Pa
             redis_server.process.send_signal(signal.SIGCONT)
         await sim.cleanup()
     assert len(sim.app[SIMULATOR].requests) == len(history)
+
+
+async def test_the_shared_calibration_learns_only_listed_models_at_most_a_cap_and_expires(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Clients name any models they like (#29 item 11: 1,500 names made 1,444 fields, no TTL): only names a
+    [models] entry lists reach the shared hash, at most `max_models_shared` of them, and the hash expires."""
+    sim, url = await start_simulator()
+    config = write_config(tmp_path / "names", url, redis_server.url)
+    text = " ".join(f"word{k}" for k in range(400))  # over the size from which a turn teaches the ratio
+    try:
+        async with Proxy(config) as proxy, aiohttp.ClientSession() as http:
+            store = proxy.runner.app[CONTEXT].store
+            store.max_models_shared = 4
+            for k in range(12):
+                for model in (f"sim-listed-{k}", f"unlisted-{k}"):
+                    body = {"model": model, "messages": [{"role": "user", "content": f"{k} {text}"}]}
+                    headers = {"Authorization": "Bearer sk-names", "X-Session-Id": f"s-{model}"}
+                    async with http.post(
+                        f"http://127.0.0.1:{proxy.port}/v1/chat/completions", json=body, headers=headers
+                    ) as r:
+                        assert r.status == 200
+    finally:
+        await sim.cleanup()
+    shared = redis.Redis.from_url(redis_server.url)
+    fields = {name.decode() for name in shared.hkeys(CALIBRATION_KEY)}
+    assert fields == {f"sim-listed-{k}" for k in range(4)}
+    assert 0 < shared.pttl(CALIBRATION_KEY) <= 6 * 3600 * 1000

@@ -140,6 +140,12 @@ class EngineTurn:
         return self.inputs.conversation.model
 
     @property
+    def shared_model(self) -> str:
+        """The name a shared store learns the model's ratio under: '' for a name no [models] entry but "*"
+        lists (a client may send any number of names; only configured ones are shared)."""
+        return self.model if self.inputs.model.pattern != "*" else ""
+
+    @property
     def estimate(self) -> float:
         """Our uncorrected count of what was sent (the report's count carries the correction)."""
         return self.outcome.report.tokens_after / self.correction if self.outcome and self.correction > 0 else 0.0

@@ -32,6 +32,9 @@ class StoredTurn(Protocol):
     def model(self) -> str: ...
 
     @property
+    def shared_model(self) -> str: ...  # the model name a shared store learns the ratio under ('' = none)
+
+    @property
     def estimate(self) -> float: ...  # our uncorrected count of what was sent
 
     @property

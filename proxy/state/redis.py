@@ -52,6 +52,10 @@ STATE_CONFLICTS = METRICS.counter(
     "context_proxy_state_conflicts_total", "Turns re-run because another process wrote their session first"
 )
 
+# Model names come from clients: the shared hash learns only names a [models] entry other than "*" lists
+# (an unlisted one is learned in this process's memory, bounded there), at most this many, and it expires
+# when no turn taught it anything for the idle TTL.
+MAX_MODELS_SHARED = 256
 # Journals this long are encoded on a worker thread, not on the loop.
 _OFFLOAD_MESSAGES = 1000
 _MAX_REALIGNS = 3  # a turn that loses this many races in a row goes out as last prepared
@@ -74,24 +78,29 @@ local h = redis.call('HMGET', KEYS[1], 'v', 's', 'cost', 'direct_cost', 'direct_
 return {0, h[1] or '', h[2] or '', r, h[3] or '0', h[4] or '0', h[5] or '0'}
 """
 
-# KEYS: calibration hash. ARGV: model, observed ratio ('' = none), smoothing. Calibration.learn done where
+# KEYS: calibration hash. ARGV: model ('' = not shared), observed ratio ('' = none), smoothing, the most
+# models the hash holds (a new one past it is not learned there), ttl ms. Calibration.learn done where
 # every process sees it, so two turns that learn at once both count (%.17g gives Python the same float
 # back). Returns the model's shared ratio. Part of _USAGE, or on a cluster a call of its own.
 _LEARN = """
-if ARGV[{o}] == '' then
-  return redis.call('HGET', KEYS[{k}], ARGV[{m}]) or ''
+if ARGV[{m}] == '' then return '' end
+local known = redis.call('HGET', KEYS[{k}], ARGV[{m}])
+if ARGV[{o}] == '' or (not known and redis.call('HLEN', KEYS[{k}]) >= tonumber(ARGV[{c}])) then
+  return known or ''
 end
 local observed = tonumber(ARGV[{o}])
-local old = tonumber(redis.call('HGET', KEYS[{k}], ARGV[{m}]) or ARGV[{o}])
+local old = tonumber(known or ARGV[{o}])
 local new = string.format('%.17g', old + tonumber(ARGV[{s}]) * (observed - old))
 redis.call('HSET', KEYS[{k}], ARGV[{m}], new)
+redis.call('PEXPIRE', KEYS[{k}], ARGV[{t}])
 return new
 """
 
 # KEYS: session hash, turn details list, calibration hash (not on a cluster). ARGV: cost, direct cost,
-# direct prompt tokens, turn detail, details kept, ttl ms, model, observed ratio ('' = none), smoothing,
-# the session's /sessions row, its report. One call, one round trip: the turn's usage, what the fleet view
-# reads (proxy/state/fleet.py) and, with the calibration hash, _LEARN.
+# direct prompt tokens, turn detail, details kept, ttl ms, model ('' = not shared), observed ratio ('' =
+# none), smoothing, the session's /sessions row, its report, the calibration's cap. One call, one round
+# trip: the turn's usage, what the fleet view reads (proxy/state/fleet.py) and, with the calibration
+# hash, _LEARN.
 _USAGE = (
     """
 redis.call('HINCRBYFLOAT', KEYS[1], 'cost', ARGV[1])
@@ -107,7 +116,7 @@ redis.call('LTRIM', KEYS[2], -tonumber(ARGV[5]), -1)
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
 if not KEYS[3] then return '' end
 """
-    + _LEARN.format(k=3, m=7, o=8, s=9)
+    + _LEARN.format(k=3, m=7, o=8, s=9, c=12, t=6)
 )
 
 
@@ -137,13 +146,14 @@ class RedisStore(SessionStore):
         self.client = _client(url, password, timeout_s, cluster)
         self._commit = self.client.register_script(_COMMIT)
         self._usage = self.client.register_script(_USAGE)
-        self._learn = self.client.register_script(_LEARN.format(k=1, m=1, o=2, s=3))
+        self._learn = self.client.register_script(_LEARN.format(k=1, m=1, o=2, s=3, c=4, t=5))
         self.fleet = FleetIndex(self.client, self.idle_ttl_s, self.clock)
         self._flusher: asyncio.Task[None] | None = None
         self._versions: dict[str, str] = {}  # session key -> the version our copy was read or written at
         self._problem: str | None = None
         self._retry_at = 0.0
         self.bytes_written = 0  # state and usage payloads sent to Redis (for bench/state)
+        self.max_models_shared = MAX_MODELS_SHARED
 
     @classmethod
     def from_config(cls, config: StateConfig, **kwargs: Any) -> RedisStore:
@@ -183,7 +193,7 @@ class RedisStore(SessionStore):
         self._versions.pop(session_id, None)
 
     async def _write_turn(self, turn: StoredTurn) -> None:
-        session, model, calibration = turn.session, turn.model, turn.calibration
+        session, model, calibration = turn.session, turn.shared_model, turn.calibration
         key = session_key(session.id)
         for _ in range(_MAX_REALIGNS):
             state = await self._encode(session)
@@ -202,7 +212,7 @@ class RedisStore(SessionStore):
                 reply = await self._bounded(self._commit(keys=[key, CALIBRATION_KEY], args=args))
             self.bytes_written += len(state)
             shared_ratio = reply[2] if int(reply[0]) == 1 else reply[3]
-            if shared_ratio:
+            if shared_ratio and model:
                 calibration.ratios[model] = float(shared_ratio)
             if int(reply[0]) == 1:
                 self._versions[session.id] = _text(reply[1])
@@ -250,20 +260,32 @@ class RedisStore(SessionStore):
         await self.client.delete(session_key(session_id), turns_key(session_id))
 
     async def _write_usage(self, turn: StoredTurn) -> None:
-        session, stats, model = turn.session, turn.stats, turn.model
+        session, stats, model = turn.session, turn.stats, turn.shared_model
         detail = orjson.dumps(stats.to_dict())
         row, report = orjson.dumps(session.summary()), orjson.dumps({**session.overview(), **session.journal.summary()})
         observed = "" if (ratio := observed_ratio(stats.prompt_tokens or 0, turn.estimate)) is None else repr(ratio)
         ttl_ms = int(self.idle_ttl_s * 1000)
         money = [repr(stats.cost_usd or 0.0), repr(stats.direct_cost_usd or 0.0), session.direct_prompt_tokens]
-        args: list[Any] = [*money, detail, MAX_TURNS_KEPT, ttl_ms, model, observed, repr(RATIO_SMOOTHING), row, report]
+        cap = self.max_models_shared
+        args: list[Any] = [
+            *money,
+            detail,
+            MAX_TURNS_KEPT,
+            ttl_ms,
+            model,
+            observed,
+            repr(RATIO_SMOOTHING),
+            row,
+            report,
+            cap,
+        ]
         keys = [session_key(session.id), turns_key(session.id)]
         if self.cluster:  # the calibration is learned in its own slot, in the same wait
-            learn = self._learn(keys=[CALIBRATION_KEY], args=[model, observed, repr(RATIO_SMOOTHING)])
+            learn = self._learn(keys=[CALIBRATION_KEY], args=[model, observed, repr(RATIO_SMOOTHING), cap, ttl_ms])
             _, shared_ratio = await self._bounded(asyncio.gather(self._usage(keys=keys, args=args), learn))
         else:
             shared_ratio = await self._bounded(self._usage(keys=[*keys, CALIBRATION_KEY], args=args))
-        if shared_ratio:
+        if shared_ratio and model:
             turn.calibration.ratios[model] = float(shared_ratio)
         self.bytes_written += len(detail) + len(row) + len(report)
         turn.usage_stored = True
