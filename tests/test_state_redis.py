@@ -29,7 +29,7 @@ from proxy.demo.traces import list_traces, load_trace, requests
 from proxy.service.engine_service import build_context_service
 from proxy.shell.app_keys import CONTEXT
 from proxy.shell.server import start
-from proxy.state.redis import CALIBRATION_KEY
+from proxy.state.redis_keys import CALIBRATION_KEY
 from tests.harness import closed_port, settle
 from tests.redis_server import REDIS_SERVER, RedisServer
 
