@@ -44,7 +44,7 @@ class Rig:
         return client
 
 
-@pytest.fixture
+@pytest.fixture(name="messages_rig")  # named: tests/test_messages_claude_code.py imports it under another name
 async def messages_rig(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
     runners: list[web.AppRunner] = []
     rigs: list[Rig] = []
@@ -187,7 +187,7 @@ async def test_upstream_refusals_are_relayed_in_anthropics_words(messages_rig: A
         await client.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=bad)
     assert refused.value.body["error"]["message"] == "messages.1.content.0: Invalid `signature` in `thinking` block"
     with pytest.raises(anthropic.BadRequestError) as invalid:
-        await client.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=[{"role": "system"}])
+        await client.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=[{"role": "robot"}])
     assert invalid.value.body["type"] == "error" and invalid.value.body["error"]["type"] == "invalid_request_error"
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from proxy.context.economics import input_cost_usd
+from proxy.context.pipeline import Overflow
 from proxy.context.policy import ModelInfo
 from proxy.context.tokens import canonical_bytes
 
@@ -162,3 +163,21 @@ class Dialect(Protocol):
     def error_body(self, message: str, status: int, code: str | None, param: str | None) -> bytes:
         """An error the proxy answers itself on this API's route, in the API's own shape."""
         ...
+
+    def overflow_message(self, overflow: Overflow) -> str:
+        """The words of the proxy's own "too long" refusal, as the API's clients parse them."""
+        ...
+
+    def requested_window(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> int | None:
+        """A context window the request itself enables beyond the model table's (Anthropic's 1M beta); else None."""
+        ...
+
+
+class OpenAIWords:
+    """What OpenAI's APIs (chat, Responses) answer for the methods where they all say the same."""
+
+    def overflow_message(self, overflow: Overflow) -> str:
+        return overflow.message()
+
+    def requested_window(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> int | None:
+        return None

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from proxy.context.messages import message_digest
-from proxy.dialects.base import Conversation, Message, Usage, cached_usage, retention_ttl, whole_count
+from proxy.dialects.base import Conversation, Message, OpenAIWords, Usage, cached_usage, retention_ttl, whole_count
 from proxy.dialects.body_checks import parse_chat_body
 from proxy.errors import error_body
 
@@ -43,7 +43,7 @@ def max_output_tokens(body: Mapping[str, Any], keys: Sequence[str]) -> int | Non
     return None
 
 
-class ChatDialect:
+class ChatDialect(OpenAIWords):
     """OpenAI chat completions: messages are engine messages, one each."""
 
     name = "chat"

@@ -7,7 +7,11 @@
 - An assistant message is one engine message: its `tool_use` blocks are its tool calls, so a
   call and its results go or stay together. One holding thinking, redacted thinking or a block
   type this adapter does not know is opaque: never edited, dropped only whole.
-- A message the engine left alone goes as the client sent it, unknown fields and all.
+- A message of any other role (`system` mid-conversation, with the beta that allows it) is one engine
+  `system` message: counted toward the window, never edited, cleared, cut or dropped.
+- A message the engine left alone goes as the client sent it, unknown fields and all. A body whose
+  shape this adapter does not map (a role or content of another type) goes upstream as sent: the
+  upstream, not the proxy, judges what it accepts.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from typing import Any
 import orjson
 
 from proxy.context.messages import content_text
+from proxy.context.pipeline import Overflow
 from proxy.dialects.base import HOUR_WRITE_FACTOR, Conversation, Message, Usage, group_digest, opaque, whole_count
 from proxy.dialects.body_checks import json_body
 from proxy.dialects.breakpoints import last_is_one_hour, with_breakpoints
 from proxy.errors import InvalidRequest, anthropic_error_body
 
+ONE_MILLION = 1_000_000  # the window Anthropic's 1M-context beta (and a `[1m]` model id) enables
 SYSTEM = -1  # the group of the engine message made from `system`
 TOOL_RESULT, TOOL_USE = "tool_result", "tool_use"
 _PLAIN = frozenset({"text", "image", TOOL_USE})  # block types an assistant or user text message may hold editably
@@ -63,25 +69,34 @@ def _stripped(block: Any) -> Any:
 
 
 def _validate(body: Any) -> dict[str, Any]:
+    """Only what the proxy cannot forward is refused here: anything else the upstream judges (`_unmodelled`)."""
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", None, "invalid_body")
+    return body
+
+
+def _is_blocks(content: Any) -> bool:
+    return isinstance(content, str) or (
+        isinstance(content, list) and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)
+    )
+
+
+def _unmodelled(body: Mapping[str, Any]) -> str | None:
+    """Where the body has a shape this adapter does not map (the request then goes as sent), or None."""
     if not isinstance(body.get("model"), str):
-        raise InvalidRequest("model: Field required", "model")
+        return "model"
     messages = body.get("messages")
     if not isinstance(messages, list):
-        raise InvalidRequest("messages: Field required", "messages")
+        return "messages"
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise InvalidRequest(f"messages.{i}.role: Input should be 'user' or 'assistant'", "messages")
-        content = message.get("content")
-        if not isinstance(content, str) and not (
-            isinstance(content, list) and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)
-        ):
-            raise InvalidRequest(f"messages.{i}.content: Input should be a valid string or list of blocks", "messages")
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return f"messages.{i}"
+        if not _is_blocks(message.get("content")):
+            return f"messages.{i}.content"
     system = body.get("system")
-    if system is not None and not isinstance(system, str | list):
-        raise InvalidRequest("system: Input should be a valid string or list of text blocks", "system")
-    return body
+    if system is not None and not _is_blocks(system):
+        return "system"
+    return None
 
 
 def _tool_message(block: dict[str, Any]) -> Message:
@@ -123,6 +138,12 @@ def _assistant(blocks: list[Any]) -> Message:
     return message
 
 
+def _other(blocks: list[Any]) -> Message:
+    """A message of a role this adapter does not edit (a mid-conversation `system` message): counted, never
+    edited, and as a system message never dropped."""
+    return {"role": "system", "content": opaque(_text(blocks))}
+
+
 def _edited_blocks(blocks: list[Any], indices: list[int], new: str) -> dict[int, Any]:
     """Blocks of an edited user or assistant group: the first text block takes the new text, other text goes."""
     out: dict[int, Any] = {}
@@ -150,7 +171,8 @@ class MessagesDialect:
         return _validate(json_body(raw))
 
     def unedited_reason(self, body: Mapping[str, Any]) -> str | None:
-        return None
+        where = _unmodelled(body)
+        return f"unmodelled: {where}" if where else None
 
     def conversation(self, body: Mapping[str, Any], digests: list[bytes] | None = None) -> Conversation:
         messages: list[Message] = []
@@ -164,7 +186,10 @@ class MessagesDialect:
         for i, message in enumerate(body["messages"]):
             blocks = _blocks(message["content"])
             role = message["role"]
-            parts = _split_user(blocks) if role == "user" else [(list(range(len(blocks))), _assistant(blocks))]
+            if role == "user":
+                parts = _split_user(blocks)
+            else:
+                parts = [(list(range(len(blocks))), _assistant(blocks) if role == "assistant" else _other(blocks))]
             for indices, engine in parts:
                 messages.append(engine)
                 groups.append((i, indices))
@@ -275,6 +300,25 @@ class MessagesDialect:
 
     def error_body(self, message: str, status: int, code: str | None, param: str | None) -> bytes:
         return anthropic_error_body(message, _ERROR_TYPES.get(status, "api_error"))
+
+    def overflow_message(self, overflow: Overflow) -> str:
+        """Anthropic's words, which Claude Code parses: the input alone too long, or with `max_tokens` (it then
+        lowers `max_tokens` and sends again)."""
+        prompt, reserve, window = overflow.prompt_tokens, overflow.reserve, overflow.window
+        if prompt > window or reserve <= 0:
+            return f"prompt is too long: {prompt} tokens > {window} maximum"
+        return (
+            f"input length and `max_tokens` exceed context limit: {prompt} + {reserve} > {window}, "
+            "decrease input length or `max_tokens` and try again"
+        )
+
+    def requested_window(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> int | None:
+        """1,000,000 tokens when the request enables them: the `context-1m-*` beta, or a `[1m]` model id."""
+        beta = str(headers.get("anthropic-beta") or "")
+        model = body.get("model")
+        if "context-1m-" in beta or (isinstance(model, str) and model.lower().endswith("[1m]")):
+            return ONE_MILLION
+        return None
 
 
 MESSAGES = MessagesDialect()

@@ -29,6 +29,7 @@ from proxy.context.messages import content_text
 from proxy.dialects.base import (
     Conversation,
     Message,
+    OpenAIWords,
     Usage,
     cached_usage,
     group_digest,
@@ -231,7 +232,7 @@ def _check(body: Any) -> dict[str, Any]:
     return body
 
 
-class ResponsesDialect:
+class ResponsesDialect(OpenAIWords):
     """OpenAI Responses with the whole history in `input` (stateless: Codex CLI, the Agents SDK)."""
 
     name = "responses"

@@ -12,7 +12,7 @@ import functools
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from proxy.config.loader import CapsuleSpec, ConfigHolder, Settings
@@ -28,7 +28,7 @@ from proxy.service.body_memos import BodyMemos, Parsed
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold
 from proxy.service.scheduling import EnginePool, SessionGates
 from proxy.service.seam import PassthroughTurn
-from proxy.state import SessionStore, store_from_config
+from proxy.state import SessionStore, conversations, store_from_config
 from proxy.state.sessions import (
     SESSION_HEADER,
     Session,
@@ -121,7 +121,7 @@ class EngineService:
         parse = functools.partial(self._parse, raw, dialect, path_session, headers, credential, client)
         request = await self.pool.run(parse, cost=len(raw), client=client)
         async with self.gates.held(request.key):
-            session = self.store.get(request.key)
+            session = self._session(request)
             cost = request.size + request.capsule_bytes + JOURNAL_ENTRY_COST * len(session.journal)
             run = functools.partial(self._run, request, session, cost)
             return await self.pool.run(run, cost=cost, client=client)
@@ -173,7 +173,14 @@ class EngineService:
     ) -> EngineTurn | PassthroughTurn:
         """One turn, all on the calling thread (benches, tests of the engine; the shell calls `prepare_turn`)."""
         request = self._resolve(dialect, body, digests, path_session, headers, credential, _client(credential), size=0)
-        return self._run(request, self.store.get(request.key), 0)
+        return self._run(request, self._session(request), 0)
+
+    def _session(self, request: _Request) -> Session:
+        """The session keeping the request's conversation: its session's own, or one of its others
+        (`proxy.state.conversations`; the caller holds the session's gate, which all its conversations share)."""
+        if request.conversation is None:
+            return self.store.get(request.key)
+        return conversations.for_conversation(self.store, request.key, request.conversation)
 
     def _resolve(
         self,
@@ -200,6 +207,9 @@ class EngineService:
         model = settings.model(conversation.model)
         if model.pattern == "*":
             self._warn_fallback(conversation.model, model)
+        window = dialect.requested_window(headers, body)
+        if window and window > model.context_window:  # the request enables a larger one (Anthropic's 1M beta)
+            model = replace(model, context_window=window)
         capsules, capsule_bytes = self._capsules(specs)
         key = scoped_key(session_id, credential)
         return _Request(
@@ -245,7 +255,7 @@ class EngineService:
             correction = self.calibration.correction(conversation.model, session.correction, model.estimate_margin)
             outcome = inputs.run(session.journal, correction)
             if outcome.overflow:
-                raise ContextOverflow(outcome.overflow.message())
+                raise ContextOverflow(dialect.overflow_message(outcome.overflow))
             turn = EngineTurn(
                 session,
                 inputs,
@@ -256,9 +266,11 @@ class EngineService:
                 serialised=serialised,
             )
             turn.stats.api = dialect.name
-            session.add_turn(turn.stats)
+            retry = _is_retry(session, conversation)
+            session.add_turn(turn.stats, retry=retry)
             turn.apply(outcome, correction)
-        self._record_metrics(policy.name, outcome)
+        if not retry:
+            self._record_metrics(policy.name, outcome)
         return turn
 
     def _warn_fallback(self, name: str, model: ModelInfo) -> None:
@@ -299,18 +311,21 @@ class EngineService:
             row = rows.get(session.id)
             if row is None or session.last_seen >= row["last_seen"]:  # our copy is the latest one
                 rows[session.id] = session.summary()
-        return sorted(rows.values(), key=lambda row: row["last_seen"], reverse=True)[:limit]
+        folded = conversations.rows(rows.values())  # a session's conversations in its one row
+        return sorted(folded, key=lambda row: row["last_seen"], reverse=True)[:limit]
 
     async def session_json(self, session_id: str) -> dict[str, Any] | None:
         """`GET /sessions/{id}`: per turn, what the engine did and what the upstream billed; from this process's
         copy, or the shared store's when another process served the session since."""
         session = self.store.peek(session_id)
         if session is None:  # the id as the client named it: the most recent client's session of that name
-            named = [s for s in self.store if visible_id(s.id) == session_id]
+            named = [
+                s for s in self.store if visible_id(s.id) == session_id and conversations.session_key(s.id) == s.id
+            ]
             session = max(named, key=lambda s: s.last_seen, default=None)
         shared = await self.store.shared_report(session_id, self.store.max_sessions)
         if session is not None and (shared is None or session.last_seen >= shared["last_seen"]):
-            return {**session.to_dict(), **session.journal.summary()}
+            return conversations.detail([session, *conversations.conversations(self.store, session.id)])
         return shared
 
     def _record_metrics(self, policy: str, outcome: Outcome) -> None:
@@ -324,6 +339,16 @@ class EngineService:
             RECALL_MISSES.inc(policy=policy)
         if report.reruns:
             RERUNS.inc(report.reruns, policy=policy)
+
+
+def _is_retry(session: Session, conversation: Conversation) -> bool:
+    """The client sent its last request again after an answer without usage (an upstream error it retries, such
+    as Anthropic's 529 overloaded): the same turn, not a new one. Remembers this request for the next."""
+    request = hashlib.sha256(b"".join(conversation.digests) + conversation.model.encode()).digest()[:16]
+    last = session.turns[-1] if session.turns else None
+    retry = last is not None and last.prompt_tokens is None and not last.unedited and session.last_request == request
+    session.last_request = request
+    return retry
 
 
 def _client(credential: str) -> str:

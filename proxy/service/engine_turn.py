@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 from proxy.context.calibration import Calibration, refit_correction
 from proxy.context.capsules import Capsule
-from proxy.context.economics import input_cost_usd
 from proxy.context.journal import Journal, TurnReport
 from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ModelInfo, Policy
@@ -181,12 +180,12 @@ class EngineTurn:
             return
         model = self.inputs.model
         self.calibration.learn(self.inputs.conversation.model, usage.prompt, self.estimate)
-        direct_prompt, direct_cached = self._direct_usage(usage, self.outcome.report)
-        self.session.direct_prompt_tokens = direct_prompt
+        direct = self._direct_usage(usage, self.outcome.report)
+        self.session.direct_prompt_tokens = direct.prompt
         stats = self.stats
         stats.prompt_tokens, stats.cached_tokens = usage.prompt, usage.cached
         stats.cost_usd = usage.cost_usd(model)
-        stats.direct_cost_usd = input_cost_usd(model, direct_prompt, direct_cached)
+        stats.direct_cost_usd = direct.cost_usd(model)  # priced as the proxied one is: cache writes too
         self.session.cost_usd += stats.cost_usd
         self.session.direct_cost_usd += stats.direct_cost_usd
         policy = self.session.policy
@@ -197,10 +196,10 @@ class EngineTurn:
         SAVED.inc(stats.direct_cost_usd - stats.cost_usd, policy=policy)
         self.store.save(self.session)
 
-    def _direct_usage(self, usage: Usage, report: TurnReport) -> tuple[int, int]:
-        """(prompt, cached) tokens the same turn would have been billed sent unedited, straight to the upstream."""
-        if self.untouched:  # it was sent unedited: the same bill, so a session left alone never reads as a loss
-            return usage.prompt, usage.cached
+    def _direct_usage(self, usage: Usage, report: TurnReport) -> Usage:
+        """What the same turn would have been billed sent unedited, straight to the upstream."""
+        if self.untouched:  # it was sent unedited: the same bill, so a session left alone saves exactly 0
+            return usage
         # The unedited request, scaled by the same upstream/estimate ratio; its cache would have held
         # the previous turn's unedited prompt (a client that only appends never breaks its own prefix) ...
         scale = usage.prompt / report.tokens_after if report.tokens_after else 1.0
@@ -208,7 +207,14 @@ class EngineTurn:
         # ... if the upstream's cache was warm at all: no hit on a turn whose prefix we did not change means
         # a cold cache (first turn, expiry, a prompt under its minimum), which direct would have met too.
         warm = self.inputs.model.cache_discount < 1 and (usage.cached > 0 or report.epoch)
-        return direct_prompt, min(self.session.direct_prompt_tokens, direct_prompt) if warm else 0
+        cached = min(self.session.direct_prompt_tokens, direct_prompt) if warm else 0
+        # What it did not read it would have written to the cache as the proxied turn did (Anthropic: all of it
+        # up to the client's last breakpoint), in the same share and with the same TTLs.
+        fresh = usage.prompt - usage.cached
+        share = usage.written / fresh if fresh > 0 else float(self.inputs.conversation.marked_cache)
+        written = min(direct_prompt - cached, round((direct_prompt - cached) * share))
+        hour = round(written * usage.written_1h / usage.written) if usage.written else 0
+        return Usage(direct_prompt, cached, written, hour)
 
     async def commit(self) -> None:
         """Write the turn to the session store: before it is sent (a shared store may re-run it), and its usage."""
@@ -224,7 +230,7 @@ class EngineTurn:
             self.journal_before = self.session.journal
             outcome = self.inputs.run(self.journal_before, correction)
             if outcome.overflow:
-                raise ContextOverflow(outcome.overflow.message())
+                raise ContextOverflow(self.dialect.overflow_message(outcome.overflow))
             self.apply(outcome, correction)
 
     async def refit(self, reported_prompt_tokens: int) -> dict | None:

@@ -98,8 +98,8 @@ def scoped_key(session_id: str, credential: str) -> str:
 
 
 def visible_id(key: str) -> str:
-    """The session id as the client named it, without the credential scope."""
-    return key.rsplit("@", 1)[0] if "@" in key else key
+    """The session id as the client named it, without the credential scope (or a conversation's suffix)."""
+    return key.split("@", 1)[0]  # a client's id never has an "@" (sanitize_session_id)
 
 
 @dataclass(slots=True)
@@ -163,10 +163,17 @@ class Session:
     # Input cost over every turn, proxied and as estimated direct (turn details are only the recent ones).
     cost_usd: float = 0.0
     direct_cost_usd: float = 0.0
+    # What the last turn asked (the digest of its messages), in this process: the same request again, after
+    # an answer without usage (an upstream error the client retries), is that turn again, not a new one.
+    last_request: bytes = field(default=b"", repr=False, compare=False)
     # Held while a turn is prepared: the engine may run on a worker thread (large bodies) and on the loop.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add_turn(self, stats: TurnStats) -> None:
+    def add_turn(self, stats: TurnStats, *, retry: bool = False) -> None:
+        """A new turn; `retry`: the client sent the last one again (it got no answer): it takes its place."""
+        if retry and self.turns:
+            self.turns[-1] = stats
+            return
         self.turns.append(stats)
         self.turn_count += 1
         if len(self.turns) > MAX_TURNS_KEPT:

@@ -1,10 +1,12 @@
 """The simulator's Anthropic Messages API: `POST /v1/messages`, JSON or the real event stream.
 
-Refusals carry the real API's wording (Claude Code matches on it): a `tool_use` without its
-`tool_result`, a `tool_result` without its `tool_use`, a thinking block whose signature the
-simulator did not issue, more than 4 cache breakpoints, a 1-hour breakpoint after a 5-minute one, and
-`prompt is too long`. Usage bills cache writes and reads by the request's breakpoints (`blocks`), the writes
-split by TTL in `cache_creation` (JSON and `message_start`; `message_delta` carries only the totals).
+Refusals carry the real API's wording (Claude Code matches on it): a role other than user, assistant
+and system (mid-conversation, as the newer models take it), a `tool_use` without its `tool_result`, a
+`tool_result` without its `tool_use`, a thinking block whose signature the simulator did not issue,
+more than 4 cache breakpoints, a 1-hour breakpoint after a 5-minute one, and `prompt is too long` (at
+1M tokens with the `context-1m-` beta). Usage bills cache writes and reads by the request's
+breakpoints (`blocks`), the writes split by TTL in `cache_creation` (JSON and `message_start`;
+`message_delta` carries only the totals).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from proxy.demo.simulator.model import SIMULATOR, Simulator
 from proxy.errors import anthropic_error_body
 from proxy.tokens.counter import counter_for
 
+# `system` mid-conversation: what Claude Code sends with its newer models (the `mid-conversation-system` beta).
+ROLES = ("user", "assistant", "system")
+ONE_MILLION = 1_000_000
 THOUGHT = "The user wants the failing test fixed. I read the last tool output and decide what to run next."
 
 
@@ -110,8 +115,8 @@ def request_problem(body: Any) -> str | None:
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         return "messages: Input should be a valid list"
     for i, message in enumerate(messages):
-        if message.get("role") not in ("user", "assistant"):
-            return f"messages.{i}.role: Input should be 'user' or 'assistant'"
+        if message.get("role") not in ROLES:
+            return f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'"
         if problem := _pairing_problem(messages, i):
             return problem
     return _thinking_problem(body)
@@ -165,6 +170,8 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     if problem := ttl_order_problem(chain):
         return anthropic_error(400, problem)
     window = sim.config.window(body["model"])
+    if "context-1m-" in request.headers.get("anthropic-beta", ""):
+        window = max(window, ONE_MILLION)  # the 1M-context beta
     if prompt > window:
         sim.totals.refused += 1
         return anthropic_error(400, f"prompt is too long: {prompt} tokens > {window} maximum")
