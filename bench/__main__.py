@@ -1,5 +1,5 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|hindsight`
-`|epoch-rule|idle|long-event|bodies|state|slow-clients [-n N] [--ref REV] [--json FILE]`.
+`|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction [-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -122,6 +122,12 @@ def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return quality.run_quality(), quality.render
 
 
+def _compaction(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import compaction
+
+    return compaction.run_compaction(), compaction.render
+
+
 def _state(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import state
 
@@ -147,6 +153,7 @@ COMMANDS: dict[str, Runner] = {
     "bodies": _bodies,
     "slow-clients": _slow_clients,
     "state": _state,
+    "compaction": _compaction,
 }
 
 

@@ -96,6 +96,15 @@ def test_a_first_edit_risk_that_is_negative_or_not_finite_is_refused_in_a_sessio
         load_settings(config_dir / "proxy.toml")
 
 
+def test_a_session_file_turns_compaction_off_and_a_string_for_it_is_refused(config_dir: Path) -> None:
+    (config_dir / "sessions" / "plain.toml").write_text('match = ["plain-*"]\n[policy]\ncompact = false\n')
+    settings = load_settings(config_dir / "proxy.toml")
+    assert settings.policy.compact and not settings.policy_for("plain-1")[0].compact
+    (config_dir / "sessions" / "plain.toml").write_text('match = ["plain-*"]\n[policy]\ncompact = "no"\n')
+    with pytest.raises(ConfigError, match=r"plain\.toml:3: \[policy\] compact"):
+        load_settings(config_dir / "proxy.toml")
+
+
 def test_reload_takes_a_good_change_and_keeps_the_last_good_on_a_broken_one(config_dir: Path) -> None:
     holder = ConfigHolder(load_settings(config_dir / "proxy.toml"))
     assert holder.reload_if_changed() is False

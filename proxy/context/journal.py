@@ -17,6 +17,7 @@ from proxy.context.diff import ContextBlock, ContextDiff
 from proxy.context.recall import RecallIndex
 
 KEEP, CLEARED, CUT, DEDUPED, DROPPED = "keep", "cleared", "cut", "deduped", "dropped"
+COMPACTED = "compacted"  # lines that stand elsewhere in the request point there (`proxy.context.compact`)
 DIGEST_SIZE = 16
 
 
@@ -26,7 +27,7 @@ class Decision:
 
     kind: str = KEEP
     max_tokens: int = 0  # cut: the text's allowance, head + marker + tail
-    reference: str = ""  # deduped: the line sent instead of the body
+    reference: str = ""  # deduped: the line sent instead of the body; compacted: its runs (`compact.encode`)
     target: int = -1  # deduped: the client index of the identical output it points to
 
     def to_json(self) -> Any:
@@ -71,12 +72,19 @@ class TurnReport:
     removed: int = 0
     cut: int = 0
     deduped: int = 0
+    compacted: int = 0  # tool outputs sent with their repeated lines pointing at where they stand
     diff: ContextDiff = field(default_factory=ContextDiff)
     first_changed: int | None = None  # output index of the first message an epoch changed
     recall_missed: int = 0  # tokens the agent's newest message used that only removed content held
     reruns: int = 0  # calls in it whose output the proxy had cleared
     banked: float = 0.0  # billed input tokens the session's edits have saved after this turn, by our counts
     held_back: int = 0  # tokens of tool output a clearing could free (at most) that it did not, not paying yet
+
+    @property
+    def rewrote_prefix(self) -> bool:
+        """This turn sent something other than what the upstream cached last turn: an epoch, or last turn's
+        newest output compacted (the turns when an edit's cost is paid)."""
+        return self.epoch or self.first_changed is not None
 
     def headers(self) -> dict[str, str]:
         return {
@@ -109,6 +117,7 @@ _REPORT_FIELDS = (
     "removed",
     "cut",
     "deduped",
+    "compacted",
     "first_changed",
     "recall_missed",
     "reruns",

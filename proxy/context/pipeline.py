@@ -23,7 +23,7 @@ from proxy.context.messages import Message, is_tool_output, message_digest
 from proxy.context.misses import index_removed, observe_newest
 from proxy.context.patterns import compile_patterns
 from proxy.context.policy import ModelInfo, Policy
-from proxy.context.steps import CutCache, Dedup, Epoch, steps
+from proxy.context.steps import Compaction, CutCache, Dedup, Epoch, steps
 from proxy.context.steps.clear import Clearing
 from proxy.context.tokens import REPLY_PRIMING, Counter, canonical_bytes
 
@@ -101,10 +101,16 @@ def process(
     if digests is None:
         digests = [message_digest(m) for m in messages]
     draft.first_new = state.align(digests)
-    deduped = _record(draft, digests)
+    compaction = next(step for step in edits if isinstance(step, Compaction))
+    deduped, compacted = _record(draft, digests, compaction)
     out, counts = draft.render()
     report = TurnReport(turn=state.turn + 1, tokens_before=draft.total(state.tokens), tokens_after=0, deduped=deduped)
     report.recall_missed, report.reruns = observe_newest(draft, out)
+    compacted_at = None  # the output index of last request's newest message, when it is compacted now
+    if (newest := compaction.after_newest(draft)) is not None:
+        out, counts = draft.render()
+        compacted_at, compacted = draft.where[newest], compacted + 1
+    report.compacted = compacted
     epoch = _epoch_needed(draft, out, counts)
     report.held_back = draft.held_back
     if stale := stale_capsules(state, capsules):  # a capsule removed or changed in the config leaves the body
@@ -120,6 +126,8 @@ def process(
         new_out, counts = draft.render()
         report.first_changed = _first_difference(out, new_out)
         out = new_out
+    if compacted_at is not None:
+        report.first_changed = compacted_at if report.first_changed is None else min(compacted_at, report.first_changed)
     report.diff = inject_capsules(state, messages, draft.first_new, policy.capsules, counter, capsules)
     if report.diff.added:
         out, counts = draft.render()
@@ -133,17 +141,21 @@ def process(
     return Outcome(out, state, report, None, sources)
 
 
-def _record(draft: Draft, digests: Sequence[bytes]) -> int:
-    """Journal the messages new this turn; a new non-last duplicate output is deduplicated at once."""
+def _record(draft: Draft, digests: Sequence[bytes], compaction: Compaction) -> tuple[int, int]:
+    """Journal the messages new this turn; a new non-last output is deduplicated or compacted at once.
+
+    Returns how many were deduplicated and how many compacted."""
     dedup, messages, state = Dedup(), draft.messages, draft.journal
-    deduped = 0
+    deduped = compacted = 0
     for i in range(draft.first_new, len(messages)):
         tokens = draft.counter.count_message(messages[i], digests[i])
         output = is_tool_output(messages[i], draft.observations)
         state.append(digests[i], tokens, tokens, output)
-        if output and draft.policy.dedup:
-            deduped += dedup.arrived(draft, i, tokens)
-    return deduped
+        if output and draft.policy.dedup and dedup.arrived(draft, i, tokens):
+            deduped += 1
+        elif output and i < len(messages) - 1:
+            compacted += compaction.arrived(draft, i)
+    return deduped, compacted
 
 
 def _epoch_needed(draft: Draft, out: list[Message], counts: list[int]) -> Epoch | None:

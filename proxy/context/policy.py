@@ -60,6 +60,9 @@ class Policy:
     high_water: float = 0.90
     low_water: float = 0.60
     dedup: bool = True
+    # A tool output's lines that stand word for word in an earlier output still sent point at where they stand,
+    # from the turn after it arrived, when that pays (`proxy.context.steps.compact`).
+    compact: bool = True
     pin_first_user: bool = True
     max_message_share: float = 0.125
     # Opt-in: keep the context near this many tokens (0 = off), for uncached models.

@@ -8,7 +8,7 @@ from dataclasses import replace
 from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER, ClearPlan, ClearToolOutputs
 from proxy.context.draft import Draft
 from proxy.context.economics import epoch_cost, epoch_saving, epoch_value, within_budget
-from proxy.context.journal import AS_SENT, CLEARED, DROPPED, Decision, TurnReport
+from proxy.context.journal import AS_SENT, CLEARED, COMPACTED, DROPPED, Decision, TurnReport
 from proxy.context.messages import Message, content_text, is_tool_output, message_ids
 from proxy.context.recall import outputs_in_use
 from proxy.context.steps.base import Epoch
@@ -213,6 +213,8 @@ def _clearing_bound(draft: Draft, keep_tokens: int) -> tuple[int, int] | None:
     freed = sum(
         journal.sent[i]
         for i in range(boundary + 1)
-        if journal.outputs[i] and journal.decisions[i] is AS_SENT and i != last
+        if journal.outputs[i]
+        and (journal.decisions[i] is AS_SENT or journal.decisions[i].kind == COMPACTED)
+        and i != last
     )
     return freed, boundary

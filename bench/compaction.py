@@ -1,0 +1,107 @@
+"""What compaction saves and loses (`proxy/context/steps/compact.py`), per trace set, and what each transform could.
+
+Two parts. The transforms: every tool output of every trace compacted against all earlier outputs
+(the most any rule could point at), as a share of the output tokens each removes: runs of lines
+standing in an earlier output, lines repeated back to back. The policy: each set replayed through
+`process` with `compact` on and off (`bench.quality.measure`: the same bills and lost measure as
+`bench quality`), at 128k and 32k, d = 1 / 0.5 / 0.1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.quality import Score, Setting, held_out, measure
+from bench.stats import table
+from proxy.context.compact import REPEATED, Places, apply
+from proxy.context.messages import content_text, is_tool_output
+from proxy.context.patterns import compile_patterns
+from proxy.context.tokens import Counter
+from proxy.demo.traces import Trace, load_trace
+from tests.context.replay import TRACE_NAMES, policy_for
+
+DISCOUNTS = (1.0, 0.5, 0.1)
+WINDOWS = (128000, 32000)
+SETTINGS = (Setting("compact off", policy={"compact": False}), Setting("compact on (default)"))
+
+
+def sets() -> dict[str, list[str | Path]]:
+    return {
+        "packaged": list(TRACE_NAMES),
+        "held-out": list(held_out()),
+        "sample A": list(held_out("sample_a")),
+        "sample B": list(held_out("sample_b")),
+    }
+
+
+def transforms(traces: list[Trace], counter: Counter) -> dict[str, float]:
+    """The share of all output tokens each transform removes, every output compacted against all before it."""
+    total = runs_saved = repeats_saved = 0
+    for trace in traces:
+        patterns = compile_patterns(policy_for(trace).clear_tool_outputs.observation_patterns)
+        places = Places()
+        for i, message in enumerate(trace.messages):
+            text = content_text(message)
+            if text is None or not is_tool_output(message, patterns):
+                continue
+            runs = places.runs(text)
+            size = counter.count_text(text)
+            total += size
+            labels = {run.source: "the output of call c0 above" for run in runs}
+            runs_saved += size - counter.count_text(apply(text, [r for r in runs if r.source != REPEATED], labels))
+            repeats_saved += size - counter.count_text(apply(text, [r for r in runs if r.source == REPEATED], labels))
+            places.add(i, text)
+    return {"output_tokens": total, "runs": runs_saved / max(1, total), "repeats": repeats_saved / max(1, total)}
+
+
+def run_compaction() -> dict[str, Any]:
+    from proxy.tokens.counter import counter_for
+
+    counter = counter_for("o200k_base")
+    result: dict[str, Any] = {"transforms": {}, "rows": []}
+    for name, paths in sets().items():
+        traces = [load_trace(p) for p in paths]
+        result["transforms"][name] = transforms(traces, counter)
+        for window in WINDOWS:
+            for setting in SETTINGS:
+                result["rows"].append(_row(name, window, setting, traces, counter))
+    return result
+
+
+def _row(name: str, window: int, setting: Setting, traces: list[Trace], counter: Counter) -> dict[str, Any]:
+    row: dict[str, Any] = {"set": name, "window": window, "setting": setting.name}
+    for d in DISCOUNTS:
+        score, billed, direct, worst = Score(), 0.0, 0.0, 0.0
+        for trace in traces:
+            m = measure(setting, trace, window, d, counter)
+            score.add(m["score"])
+            billed, direct = billed + m["billed"], direct + m["direct"]
+            worst = max(worst, m["billed"] / m["direct"])
+        row[str(d)] = {"billed": billed / direct, "worst": worst, "lost": score.rate, "failed": score.failed}
+    return row
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = ["Transforms (share of all output tokens removed, each output against all earlier ones):"]
+    lines.append(
+        table(
+            ["set", "output tokens", "runs standing in an earlier output", "lines repeated back to back"],
+            [
+                [name, t["output_tokens"], f"{t['runs']:.3f}", f"{t['repeats']:.3f}"]
+                for name, t in result["transforms"].items()
+            ],
+        )
+    )
+    lines.append("\nThe policy (billed / direct, worst trace, lost rate, turns over the window):")
+    header = ["set", "window", "setting"] + [f"d={d}" for d in DISCOUNTS]
+    rows = []
+    for r in result["rows"]:
+        cells = [
+            f"{r[str(d)]['billed']:.3f} ({r[str(d)]['worst']:.3f}) lost {r[str(d)]['lost']:.3f}"
+            + (f" failed {r[str(d)]['failed']}" if r[str(d)]["failed"] else "")
+            for d in DISCOUNTS
+        ]
+        rows.append([r["set"], f"{r['window'] // 1000}k", r["setting"], *cells])
+    lines.append(table(header, rows))
+    return "\n".join(lines)

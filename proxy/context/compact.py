@@ -1,0 +1,137 @@
+"""Lossless compaction of a tool output: lines that already stand in the request point to where they stand.
+
+Agents re-read the files they work on and re-run the same tests: an output often repeats runs of
+lines an earlier output still sent word for word holds. Each such run becomes one line naming the
+earlier output and its line numbers; a line repeated back to back is kept once with its count. Every
+line the agent saw stays findable in the request. A compaction is a list of `Run`s, small enough
+for the journal: applying it to the client's own message is cheap and gives the same bytes every turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# A run of fewer lines, or fewer characters, than these costs about as much as the line that points at it.
+MIN_RUN_LINES = 2
+MIN_RUN_CHARS = 120
+# A line shorter than this (stripped) never starts a run (`}`, `</output>`, blank lines match everywhere).
+ANCHOR_CHARS = 8
+# Per line, the most recent places it stands that a run may start from: bounds the search on long sessions.
+MAX_PLACES = 8
+REPEATED = -1  # a run's `source` when it repeats the line before it
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Lines `start` to `start + length` of the output: the same as `source`'s lines from `line` on (or,
+    with `source == REPEATED`, the line before `start` again, `length` times)."""
+
+    start: int
+    length: int
+    source: int  # the client index of the output the lines stand in, or REPEATED
+    line: int = 0
+
+    def encode(self) -> str:
+        return (
+            f"{self.start}+{self.length}"
+            if self.source == REPEATED
+            else f"{self.start}+{self.length}@{self.source}.{self.line}"
+        )
+
+
+def encode(runs: Sequence[Run]) -> str:
+    """The journal's form of a compaction (`Decision.reference`)."""
+    return ",".join(run.encode() for run in runs)
+
+
+def decode(text: str) -> list[Run]:
+    runs = []
+    for part in text.split(","):
+        span, _, at = part.partition("@")
+        start, length = (int(x) for x in span.split("+"))
+        if at:
+            source, line = (int(x) for x in at.split("."))
+            runs.append(Run(start, length, source, line))
+        else:
+            runs.append(Run(start, length, REPEATED))
+    return runs
+
+
+class Places:
+    """Where each line of the sources stands, as sources are added in order (client index, text)."""
+
+    def __init__(self, wanted: set[str] | None = None) -> None:
+        self.places: dict[str, list[tuple[int, int]]] = {}
+        self.texts: dict[int, list[str]] = {}
+        self.wanted = wanted  # the lines of the one text to compact, when only one is: the rest is never looked up
+
+    def add(self, source: int, text: str) -> None:
+        lines = self.texts[source] = text.split("\n")
+        wanted = self.wanted
+        for k, line in enumerate(lines):
+            if (wanted is None or line in wanted) and len(line.strip()) >= ANCHOR_CHARS:
+                found = self.places.setdefault(line, [])
+                found.append((source, k))
+                if len(found) > MAX_PLACES:
+                    del found[0]
+
+    def runs(self, text: str) -> list[Run]:
+        """The runs of `text` to point at instead of sending: lines standing in a source, longest first at
+        each line, the newest source on a tie; then lines repeated back to back."""
+        lines = text.split("\n")
+        runs: list[Run] = []
+        p, n = 0, len(lines)
+        while p < n:
+            best = self._longest(lines, p)
+            if best is not None and best.length >= MIN_RUN_LINES and _chars(lines, best) >= MIN_RUN_CHARS:
+                runs.append(best)
+                p += best.length
+                continue
+            repeats = 0
+            while p + 1 + repeats < n and lines[p + 1 + repeats] == lines[p] and len(lines[p].strip()) >= ANCHOR_CHARS:
+                repeats += 1
+            if repeats >= MIN_RUN_LINES:
+                runs.append(Run(p + 1, repeats, REPEATED))
+                p += 1 + repeats
+                continue
+            p += 1
+        return runs
+
+    def _longest(self, lines: list[str], p: int) -> Run | None:
+        best: Run | None = None
+        n = len(lines)
+        for source, k in self.places.get(lines[p], ()):
+            theirs = self.texts[source]
+            length = 1
+            while p + length < n and k + length < len(theirs) and lines[p + length] == theirs[k + length]:
+                length += 1
+            if best is None or length >= best.length:
+                best = Run(p, length, source, k)
+        return best
+
+
+def _chars(lines: list[str], run: Run) -> int:
+    return sum(len(line) + 1 for line in lines[run.start : run.start + run.length])
+
+
+def apply(text: str, runs: Sequence[Run], labels: dict[int, str]) -> str:
+    """`text` with each run replaced by the line that points at it; `labels[source]` names each source."""
+    lines = text.split("\n")
+    out: list[str] = []
+    p = 0
+    for run in runs:
+        out.extend(lines[p : run.start])
+        if run.source == REPEATED:
+            out.append(f"[previous line repeated {run.length} more times]")
+        else:
+            last = run.line + run.length
+            out.append(f"[{run.length} lines here are lines {run.line + 1}-{last} of {labels[run.source]}, unchanged]")
+        p = run.start + run.length
+    out.extend(lines[p:])
+    return "\n".join(out)
+
+
+def sources_of(runs: Sequence[Run]) -> set[int]:
+    """The client indices of the outputs a compaction points into."""
+    return {run.source for run in runs if run.source != REPEATED}

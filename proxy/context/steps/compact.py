@@ -1,0 +1,139 @@
+"""Compaction: a tool output's lines that already stand in the request point at where they stand (`compact.py`).
+
+It is done while the output is still at the uncached end of the request, so the cache never pays
+for it twice: a new output that is not the last message is compacted as it arrives (nothing of it
+is cached yet); the last one reaches the upstream as the client sent it, and on the next turn its
+compacted form stands in when that pays (it re-bills that one message; `economics.within_budget`).
+An epoch compacts what it re-bills anyway, and a compaction whose lines no longer stand where it
+points (that output was cleared, cut or dropped) is made again against what does.
+"""
+
+from __future__ import annotations
+
+from proxy.context.compact import Places, apply, decode, encode, sources_of
+from proxy.context.draft import Draft
+from proxy.context.economics import epoch_saving, expected_turns_to_come, within_budget
+from proxy.context.journal import AS_SENT, COMPACTED, DEDUPED, Decision, TurnReport
+from proxy.context.messages import Message
+from proxy.context.steps.base import Epoch
+
+# A compaction freeing fewer tokens than this is not worth a decision.
+MIN_FREED = 16
+
+
+class Compaction:
+    kind = COMPACTED
+
+    def __init__(self) -> None:
+        self._emitted: dict[tuple[int, str], Message] = {}  # one request's renders: each compaction applied once
+
+    def emit(self, draft: Draft, i: int, decision: Decision) -> Message:
+        key = (i, decision.reference)
+        message = self._emitted.get(key)
+        if message is None:
+            original = draft.messages[i]
+            runs = decode(decision.reference)
+            labels = {j: _label(draft, j, i) for j in sources_of(runs)}
+            message = self._emitted[key] = {**original, "content": apply(original["content"], runs, labels)}
+        return message
+
+    def arrived(self, draft: Draft, i: int) -> bool:
+        """Compact new output `i` (not the last message: nothing of it is cached yet); True when it was."""
+        if not _candidate(draft, i, _dedup_targets(draft)):
+            return False
+        return self._compact(draft, i, _places(draft, i)) is not None
+
+    def after_newest(self, draft: Draft) -> int | None:
+        """Compact last request's newest message when that pays; the client index compacted, or None.
+
+        It was sent as the client wrote it and is cached now: its compacted form is billed in full this
+        turn (`w × C` instead of `d × V`), and every later turn reads `V - C` fewer tokens from the cache.
+        """
+        i = draft.first_new - 1
+        if i < 0 or i >= len(draft.messages) - 1 or not _candidate(draft, i, _dedup_targets(draft)):
+            return None
+        journal = draft.journal
+        runs = _places(draft, i).runs(draft.messages[i]["content"])
+        if not runs:
+            return None
+        decision = Decision(COMPACTED, reference=encode(runs))
+        before = journal.sent[i]
+        after = draft.counter.count_message(self.emit(draft, i, decision))
+        freed = before - after
+        if freed < MIN_FREED:
+            return None
+        d, w = draft.discount, draft.model.write_factor
+        cost = w * after - d * before
+        turns = sum(1 for m in draft.messages if m.get("role") == "assistant")
+        pays = epoch_saving(d, freed, expected_turns_to_come(turns)) > cost
+        if cost > 0 and not (pays and within_budget(cost, journal.banked, epoch_saving(d, freed, 1.0))):
+            return None
+        draft.decide(i, decision)
+        return i
+
+    def edit(self, draft: Draft, epoch: Epoch, report: TurnReport) -> None:
+        """Compact the outputs this epoch re-bills anyway, and make again each compaction pointing at lines gone."""
+        if not draft.policy.compact:
+            return
+        journal, visible = draft.journal, draft.visible()
+        start = 0 if epoch.over_budget else draft.first_decided if draft.first_decided is not None else len(journal)
+        targets = _dedup_targets(draft)
+        places = Places()
+        for i in visible:
+            decision = journal.decisions[i]
+            if decision.kind == COMPACTED and not sources_of(decode(decision.reference)) <= places.texts.keys():
+                draft.decide(i, AS_SENT)  # what it pointed at is gone: its lines stand here again
+            if i >= start and _candidate(draft, i, targets) and self._compact(draft, i, places) is not None:
+                report.compacted += 1
+            if journal.outputs[i] and journal.decisions[i] is AS_SENT and (text := _text(draft.messages[i])):
+                places.add(i, text)
+
+    def _compact(self, draft: Draft, i: int, places: Places) -> Decision | None:
+        runs = places.runs(draft.messages[i]["content"])
+        if not runs:
+            return None
+        decision = Decision(COMPACTED, reference=encode(runs))
+        if draft.journal.sent[i] - draft.counter.count_message(self.emit(draft, i, decision)) < MIN_FREED:
+            return None
+        draft.decide(i, decision)
+        return decision
+
+
+def _text(message: Message) -> str | None:
+    content = message.get("content")
+    return content if isinstance(content, str) else None
+
+
+def _candidate(draft: Draft, i: int, dedup_targets: set[int]) -> bool:
+    """An output sent as the client wrote it, not the last message, with plain text, no reference pointing at it."""
+    journal = draft.journal
+    return (
+        draft.policy.compact
+        and i < len(draft.messages) - 1
+        and journal.outputs[i]
+        and journal.decisions[i] is AS_SENT
+        and i not in dedup_targets
+        and _text(draft.messages[i]) is not None
+    )
+
+
+def _dedup_targets(draft: Draft) -> set[int]:
+    return {d.target for d in draft.journal.decisions if d.kind == DEDUPED}
+
+
+def _places(draft: Draft, i: int) -> Places:
+    """Where the lines of output `i` stand in the outputs before it still sent as the client wrote them."""
+    journal, places = draft.journal, Places(set(draft.messages[i]["content"].split("\n")))
+    for j in range(i):
+        if journal.outputs[j] and journal.decisions[j] is AS_SENT and (text := _text(draft.messages[j])):
+            places.add(j, text)
+    return places
+
+
+def _label(draft: Draft, source: int, at: int) -> str:
+    """How a pointer in output `at` names output `source`: by its call id, else by how many outputs back it is."""
+    call = draft.messages[source].get("tool_call_id")
+    if call:
+        return f"the output of call {call} above"
+    back = sum(draft.journal.outputs[source:at])
+    return "the previous output" if back == 1 else f"the output {back} outputs above"

@@ -1,0 +1,126 @@
+"""Compaction: lines of a tool output that stand in an earlier output still sent point at where they stand."""
+
+from dataclasses import replace
+
+import orjson
+import pytest
+
+from proxy.context import ClearPolicy, HeuristicCounter, ModelInfo, Policy
+from proxy.context.compact import REPEATED, Places, Run, apply, decode, encode
+from proxy.context.journal import COMPACTED, Journal
+from proxy.context.pipeline import process
+from tests.context.lossless import missing_lines
+from tests.context.replay import TRACE_NAMES, load, model, policy_for, run, turns
+
+COUNTER = HeuristicCounter()
+NO_CLEARING = Policy(clear_tool_outputs=ClearPolicy(enabled=False))
+UNCACHED = ModelInfo(context_window=128000, input_per_mtok=1.0, cached_input_per_mtok=1.0)
+
+
+def _file(version: int) -> str:
+    lines = [f"    {k}\tdef function_number_{k}(argument): return argument * {k}" for k in range(1, 41)]
+    lines[20] = f"    21\tdef function_number_21(argument): return argument + {version}"
+    return "\n".join(lines)
+
+
+def _session() -> list[dict]:
+    """An agent that reads a file, edits one line, reads it again, then runs something else."""
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix the bug."}]
+    for k, body in enumerate((_file(1), "edited", _file(2), "tests passed", "done")):
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": body})
+    return messages
+
+
+def _replay(messages: list[dict], policy: Policy = NO_CLEARING, info: ModelInfo = UNCACHED, restart: bool = False):
+    journal, outcomes = Journal(), []
+    for i in range(4, len(messages) + 1, 2):
+        outcome = process(journal, messages[:i], tools=None, policy=policy, model=info, counter=COUNTER)
+        journal = (
+            Journal.from_dict(orjson.loads(orjson.dumps(outcome.journal.to_dict()))) if restart else outcome.journal
+        )
+        outcomes.append(outcome)
+    return outcomes
+
+
+def test_a_file_read_again_reaches_the_upstream_whole_then_points_at_the_first_read_from_the_next_turn_on():
+    outcomes = _replay(_session())
+    reread = _session()[7]
+    arrived, next_turn = outcomes[2], outcomes[3]
+    assert arrived.messages[-1] == reread and arrived.report.compacted == 0
+    sent = next_turn.messages[7]["content"]
+    assert "[20 lines here are lines 1-20 of the output of call c0 above, unchanged]" in sent
+    assert "[19 lines here are lines 22-40 of the output of call c0 above, unchanged]" in sent
+    assert "argument + 2" in sent and next_turn.report.compacted == 1
+    assert len(sent) < len(reread["content"]) / 5
+    assert missing_lines(reread, next_turn.messages) == []
+
+
+def test_a_compacted_output_is_replayed_byte_for_byte_on_later_turns_and_after_a_restart():
+    for restart in (False, True):
+        outcomes = _replay(_session(), restart=restart)
+        assert orjson.dumps(outcomes[4].messages[:10]) == orjson.dumps(outcomes[3].messages[:10])
+        assert outcomes[4].journal.decisions[7].kind == COMPACTED and not outcomes[4].report.rewrote_prefix
+
+
+def test_when_the_output_pointed_at_is_cleared_the_compacted_one_gets_its_lines_back():
+    messages = _session()
+    messages[6]["tool_calls"][0]["function"]["name"] = "view"  # the second read: a tool never cleared
+    for k in range(5, 10):
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]}]
+        messages += [{"role": "tool", "tool_call_id": f"c{k}", "content": f"step {k} " + "x y" * 1200}]
+    clears = ClearPolicy(keep_tokens=0, keep_under=0, clear_at_least=900, exclude_tools=("view",))
+    outcomes = _replay(messages, policy=Policy(clear_tool_outputs=clears))
+    assert outcomes[3].journal.decisions[7].kind == COMPACTED
+    cleared = next(o for o in outcomes if o.report.cleared and o.messages[3]["content"].startswith("[output cleared"))
+    assert cleared.journal.decisions[7].kind != COMPACTED
+    assert cleared.messages[7] == messages[7]
+
+
+def test_with_cheap_caching_a_compaction_that_frees_little_waits_but_one_that_repays_at_once_is_made():
+    cheap = ModelInfo(context_window=128000, input_per_mtok=1.0, cached_input_per_mtok=0.1)
+    messages = _session()
+    assert _replay(messages, info=cheap)[3].report.compacted == 1  # 40 lines sent as 3: repays on the next turn
+    half = [
+        *messages[:7],
+        {**messages[7], "content": _file(2) + "\n" + _file(3).replace("def", "class")},
+        *messages[8:],
+    ]
+    assert _replay(half, info=cheap)[3].report.compacted == 0
+    assert _replay(half, info=UNCACHED)[3].report.compacted == 1
+
+
+def test_runs_point_into_earlier_outputs_and_fold_a_line_repeated_back_to_back():
+    places = Places()
+    shared = [f"django/db/backends/module_{k}/operations.py:{k}: def convert_field_to_tz(self):" for k in range(3)]
+    places.add(3, "\n".join(["header", *shared, "other"]))
+    text = "\n".join(["new", *shared, "warning: retry", "warning: retry", "warning: retry", "end"])
+    runs = places.runs(text)
+    assert runs == [Run(1, 3, 3, 1), Run(5, 2, REPEATED)]
+    assert decode(encode(runs)) == runs
+    assert apply(text, runs, {3: "the output of call c3 above"}).split("\n") == [
+        "new",
+        "[3 lines here are lines 2-4 of the output of call c3 above, unchanged]",
+        "warning: retry",
+        "[previous line repeated 2 more times]",
+        "end",
+    ]
+
+
+@pytest.mark.parametrize("discount", [1.0, 0.1])
+def test_over_every_packaged_trace_every_line_of_every_output_stands_in_the_request(discount, real_counter):
+    """With clearing off, compaction and dedup are the only edits at 128k: nothing the agent saw is gone."""
+    compacted = 0
+    for name in TRACE_NAMES:
+        trace = load(name)
+        policy = replace(
+            policy_for(trace), clear_tool_outputs=replace(policy_for(trace).clear_tool_outputs, enabled=False)
+        )
+        result = run(trace, policy, model(128000, discount), real_counter)
+        compacted += sum(o.report.compacted for o in result.outcomes)
+        for request, sent in zip(turns(trace), result.requests, strict=True):
+            for message in request:
+                assert missing_lines(message, sent) == [], name
+    assert compacted >= 3
