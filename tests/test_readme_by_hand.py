@@ -49,7 +49,9 @@ def test_the_by_hand_block_runs_as_pasted_and_answers_every_api() -> None:
     assert out.count("data: [DONE]") == 1  # chat completions, streamed to its end
     assert "event: response.completed" in out  # Responses
     assert "event: message_stop" in out  # Anthropic Messages, through --anthropic-upstream: no key, no network
-    assert "502" not in err and "Traceback" not in err, err
+    answered = re.findall(r"POST (/v1/\S+) (\d{3}) ", err)  # the proxy's access log
+    assert answered == [("/v1/chat/completions", "200"), ("/v1/responses", "200"), ("/v1/messages", "200")], err
+    assert "Traceback" not in err, err
 
 
 async def test_the_readmes_example_session_is_left_alone_by_the_shipped_session_files(packaged_proxy) -> None:
