@@ -192,8 +192,11 @@ async def relay(
     try:
         await _copy(request, upstream, response, sse, captured, prefix)
         completed = True
-    except ConnectionResetError:  # writing to a client that is gone (aiohttp's is also a ClientError)
+    except (ConnectionResetError, asyncio.CancelledError) as exc:  # the client hung up (aiohttp cancels on it)
+        if not response.prepared or not hung_up(request, exc):
+            raise  # before the answer began: the request is answered as gone (shell/server.Observe)
         log.info("client went away during a %s response", route)
+        _record_usage(turn, sse, captured)  # it may hang up right after the last event (Codex does)
         return response
     except (TimeoutError, aiohttp.ClientError) as exc:
         BROKEN_STREAMS.inc(route=route)
@@ -208,13 +211,34 @@ async def relay(
     if sse is not None and sse.cut:
         await _end_cut(request, response, sse, "eof")
         return response
+    _record_usage(turn, sse, captured)
+    return response
+
+
+def hung_up(request: web.BaseRequest, exc: BaseException) -> bool:
+    """Whether `exc` means the client hung up: a reset writing to it, or the cancellation its hang-up causes.
+
+    That cancellation is taken back: the handler goes on to its bookkeeping and returns, so the request
+    is recorded, counted and logged. One that comes while the client is still there (shutdown) is not.
+    """
+    if not isinstance(exc, asyncio.CancelledError):
+        return True
+    if request.transport is not None and not request.transport.is_closing():
+        return False
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    return True
+
+
+def _record_usage(turn: PreparedTurn | None, sse: SseUsageFilter | None, captured: bytearray | None) -> None:
+    """The usage the upstream reported on the way past, to the turn."""
     payloads = sse.payloads if sse is not None else _payload_from_json(captured) if captured else []
     if payloads and turn is not None:
         try:
             turn.record_usage(payloads)
         except Exception:  # the answer is already delivered; a bookkeeping bug must not turn it into a 500
             log.exception("recording usage failed")
-    return response
 
 
 async def _copy(

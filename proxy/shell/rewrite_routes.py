@@ -22,7 +22,7 @@ from proxy.service.seam import PassthroughTurn, PreparedTurn
 from proxy.shell.access import CLIENT_CREDENTIAL, authorization_token
 from proxy.shell.app_keys import CONTEXT, HOLDER, UPSTREAM
 from proxy.shell.body_reader import buffered_body
-from proxy.shell.relay import read_head, relay
+from proxy.shell.relay import hung_up, read_head, relay
 
 log = logging.getLogger("proxy.server")
 
@@ -125,8 +125,11 @@ async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
         await turn.commit()  # a shared session store may re-run the turn on a newer journal here
         response, head = await _send(request, dialect, turn, raw)
     relayed = await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
-    try:
-        await turn.commit()  # its usage (and a refit's journal), before a chunked answer ends
+    try:  # its usage (and a refit's journal), before a chunked answer ends; a client gone meanwhile cannot stop it
+        await asyncio.shield(turn.commit())
+    except asyncio.CancelledError as exc:
+        if not hung_up(request, exc):
+            raise
     except Exception:  # the answer is delivered; a bookkeeping failure must not become a 500
         log.exception("writing the turn's usage to the session store failed")
     return relayed

@@ -32,7 +32,7 @@ from proxy.shell.app_keys import CONTEXT, HOLDER, UPSTREAM
 from proxy.shell.body_reader import BODY_BUDGET, BodyBudget, StreamedBody, max_body, too_large
 from proxy.shell.connection_guard import ConnectionGuard, GuardedSite, raise_file_limit
 from proxy.shell.log_hygiene import AcceptFailures, guarded_logger
-from proxy.shell.relay import relay
+from proxy.shell.relay import hung_up, relay
 from proxy.shell.rewrite_routes import REWRITE_ROUTES, ROUTE_DIALECTS
 from proxy.shell.stream_ends import api_for_path
 from proxy.shell.upstream import Upstream, is_anthropic
@@ -157,6 +157,10 @@ async def _observed(request: web.Request, handler: Handler) -> web.StreamRespons
             raise
         allow = {k: v for k, v in exc.headers.items() if k == "Allow"}
         return ProxyError(exc.reason, status=exc.status, headers=allow).response(_error_shape(request))
+    except asyncio.CancelledError as exc:
+        if not hung_up(request, exc):
+            raise
+        return web.Response(status=499)  # never sent: what the access log records for a client gone before its answer
     except Exception:
         status = "500"
         raise

@@ -91,6 +91,24 @@ def unreachable_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+# Told the client with an upstream's refusal to upgrade, besides its status (a client may wait or fall back by them).
+_REFUSAL_HEADERS = ("Retry-After", "WWW-Authenticate", "Upgrade")
+
+
+def websocket_refused(exc: aiohttp.WSServerHandshakeError) -> UpstreamError:
+    """The upstream's refusal of a WebSocket upgrade, with its status: Codex falls back to HTTP at once on a 426,
+    where a 502 (the proxy's own failure) makes it retry for seconds first. An answer that is no refusal (a 2xx or
+    3xx that did not upgrade) is the upstream misbehaving: 502."""
+    status = exc.status if 400 <= exc.status <= 599 else 502
+    headers = {name: value for name in _REFUSAL_HEADERS if exc.headers and (value := exc.headers.get(name))}
+    return UpstreamError(
+        f"The upstream refused the WebSocket upgrade ({exc.status}).",
+        status=status,
+        code="websocket_refused",
+        headers=headers if status != 502 else None,
+    )
+
+
 class Upstream:
     """One pooled `aiohttp.ClientSession` to the configured upstream; open with `start()`."""
 
@@ -165,7 +183,7 @@ class Upstream:
                 max_msg_size=0,
             )
         except aiohttp.WSServerHandshakeError as exc:
-            raise UpstreamError(f"The upstream refused the WebSocket ({exc.status}).", status=502) from exc
+            raise websocket_refused(exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError(
                 f"The upstream could not be reached: {unreachable_cause(exc)}.", code="upstream_unreachable"
