@@ -14,7 +14,10 @@ RATIO_MIN_ESTIMATE = 256  # below this, fixed overheads dominate and the ratio s
 MAX_MODELS_LEARNED = 256
 # A refit aims this much under what the upstream reported, so the retry does not miss by a hair.
 REFIT_MARGIN = 1.02
+# A refusal that does not state the prompt's size teaches at most this ratio (the window is only a floor) ...
 REFIT_MAX_CORRECTION = 2.0
+# ... one that states it is the upstream's own count and is believed, up to a bound against a garbled number.
+REFIT_MAX_STATED = 16.0
 
 
 class Calibration:
@@ -48,6 +51,8 @@ def observed_ratio(prompt_tokens: int, estimate: float) -> float | None:
     return min(RATIO_BOUNDS[1], max(RATIO_BOUNDS[0], prompt_tokens / estimate))
 
 
-def refit_correction(reported_prompt_tokens: int, estimate: float) -> float:
-    """The correction a context-overflow refusal teaches: aim just under what the upstream counted."""
-    return min(REFIT_MAX_CORRECTION, reported_prompt_tokens / estimate * REFIT_MARGIN)
+def refit_correction(reported_prompt_tokens: int, estimate: float, *, stated: bool = True) -> float:
+    """The correction a context-overflow refusal teaches: aim just under what the upstream counted
+    (`stated`: the refusal said so; else `reported_prompt_tokens` is a guess from the window)."""
+    bound = REFIT_MAX_STATED if stated else REFIT_MAX_CORRECTION
+    return min(bound, reported_prompt_tokens / estimate * REFIT_MARGIN)

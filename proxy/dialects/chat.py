@@ -13,11 +13,26 @@ from proxy.dialects.base import Conversation, Message, OpenAIWords, Usage, cache
 from proxy.dialects.body_checks import parse_chat_body
 from proxy.errors import error_body
 
+# How upstreams state the size of a prompt they refuse, most specific first (OpenAI's, vLLM's, Anthropic's wording).
 _OVERFLOW_PATTERNS = (
     re.compile(r"resulted in (\d+) tokens"),
     re.compile(r"\((\d+) in the messages"),
     re.compile(r"requested (\d+) tokens"),
+    re.compile(r"prompt is too long: (\d+) tokens"),
+    re.compile(r"(\d+) (?:input|prompt) tokens"),
 )
+# Else any "N tokens" not said of the limit ("maximum context length is N tokens", "a limit of N tokens").
+_TOKENS = re.compile(r"(\d+) tokens")
+_LIMIT_WORDS = re.compile(r"(?:maximum|max|limit|context length|context window|window)\W+(?:\w+\W+){0,2}$", re.I)
+
+
+def stated_prompt_tokens(message: str) -> int | None:
+    """The prompt size a refusal for length states, or None when it states only the limit (or nothing)."""
+    for pattern in _OVERFLOW_PATTERNS:
+        if match := pattern.search(message):
+            return int(match.group(1))
+    sizes = [int(m.group(1)) for m in _TOKENS.finditer(message) if not _LIMIT_WORDS.search(message[: m.start()])]
+    return max(sizes) if sizes else None
 
 
 def overflow_tokens(error_body: bytes) -> int | None:
@@ -29,10 +44,7 @@ def overflow_tokens(error_body: bytes) -> int | None:
     message = error.get("message") if isinstance(error, dict) else None
     if error.get("code") != "context_length_exceeded" or not isinstance(message, str):
         return None
-    for pattern in _OVERFLOW_PATTERNS:
-        if match := pattern.search(message):
-            return int(match.group(1))
-    return None
+    return stated_prompt_tokens(message)
 
 
 def max_output_tokens(body: Mapping[str, Any], keys: Sequence[str]) -> int | None:

@@ -37,7 +37,7 @@ from proxy.dialects.base import (
     retention_ttl,
 )
 from proxy.dialects.body_checks import json_body
-from proxy.dialects.chat import max_output_tokens
+from proxy.dialects.chat import max_output_tokens, stated_prompt_tokens
 from proxy.errors import InvalidRequest, error_body
 
 ROLES = ("user", "assistant", "system", "developer")
@@ -47,7 +47,7 @@ SEALED_CHARS_PER_TOKEN = 5
 # Events the API sends before it may still refuse a streamed request (context_length_exceeded).
 PRELUDE_EVENTS = (b"response.created", b"response.in_progress", b"response.queued")
 OVERFLOW_CODE = "context_length_exceeded"
-_COUNT = re.compile(r"(\d+) (?:input )?tokens")
+CODEX_SESSION_HEADERS = ("session-id", "session_id")  # Codex 0.17x sends the first; older ones the second
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _EVENT_TYPE = re.compile(rb'"type"\s*:\s*"([^"]+)"')
 
@@ -59,6 +59,13 @@ class Group:
     kind: str  # "instructions" | "text" | "items"
     items: tuple[Any, ...]
     editable: int = -1  # the item an edit of the engine message is written into (-1: none)
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    """The header `name` (lower case) from aiohttp's headers, or from a plain dict whose keys are as sent."""
+    if hasattr(headers, "getall"):
+        return headers.get(name)
+    return next((v for k, v in headers.items() if k.lower() == name), None)
 
 
 def _type(item: Mapping[str, Any]) -> str:
@@ -205,8 +212,7 @@ def _overflow_count(error: Any) -> int | None:
     """The prompt size a `context_length_exceeded` error states, 0 when it states none; None for another error."""
     if not isinstance(error, dict) or error.get("code") != OVERFLOW_CODE:
         return None
-    match = _COUNT.search(str(error.get("message") or ""))
-    return int(match.group(1)) if match else 0
+    return stated_prompt_tokens(str(error.get("message") or "")) or 0
 
 
 def _check(body: Any) -> dict[str, Any]:
@@ -297,10 +303,9 @@ class ResponsesDialect(OpenAIWords):
         return rendered
 
     def session_hints(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> Sequence[Any]:
-        """Codex's `session_id` header, then `prompt_cache_key`, then `metadata.session_id`."""
-        header = headers.get("session_id")
-        if header is None and not hasattr(headers, "getall"):  # a plain dict: its keys as sent
-            header = next((v for k, v in headers.items() if k.lower() == "session_id"), None)
+        """Codex's `session-id` header (`session_id` before 0.17x), then `prompt_cache_key`, then
+        `metadata.session_id`."""
+        header = next((found for name in CODEX_SESSION_HEADERS if (found := _header(headers, name))), None)
         metadata = body.get("metadata")
         return header, body.get("prompt_cache_key"), metadata.get("session_id") if isinstance(metadata, dict) else None
 

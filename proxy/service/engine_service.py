@@ -25,11 +25,12 @@ from proxy.dialects import CHAT, Conversation, Dialect
 from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
 from proxy.service.body_memos import BodyMemos, Parsed
+from proxy.service.chains import ResponseChains, UneditedTurn
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold
 from proxy.service.scheduling import EnginePool, SessionGates
-from proxy.service.seam import PassthroughTurn
 from proxy.state import SessionStore, conversations, store_from_config
 from proxy.state.sessions import (
+    FINGERPRINT_PREFIX,
     SESSION_HEADER,
     Session,
     TurnStats,
@@ -102,6 +103,7 @@ class EngineService:
         self.calibration = Calibration()
         self.cuts = CutCache()
         self.bodies = BodyMemos(holder.settings.state.body_memo_bytes)
+        self.chains = ResponseChains()  # which session a `previous_response_id` continues
         self.pool = EnginePool()
         self.gates = SessionGates()
         self._capsule_sets: dict[int, tuple[tuple[CapsuleSpec, ...], tuple[Capsule, ...], int]] = {}
@@ -113,7 +115,7 @@ class EngineService:
 
     async def prepare_turn(
         self, raw: bytes, *, dialect: Dialect, path_session: str | None, headers: Mapping[str, str], credential: str
-    ) -> EngineTurn | PassthroughTurn:
+    ) -> EngineTurn | UneditedTurn:
         """The turn for a client's body, its work placed by `proxy.service.scheduling`: parsed (off the loop
         when big), then run once the session's earlier turns are done (off the loop when body, journal and
         capsules are big together). Nothing here blocks the loop: a busy session is awaited."""
@@ -170,7 +172,7 @@ class EngineService:
         credential: str,
         digests: list[bytes] | None = None,
         dialect: Dialect = CHAT,
-    ) -> EngineTurn | PassthroughTurn:
+    ) -> EngineTurn | UneditedTurn:
         """One turn, all on the calling thread (benches, tests of the engine; the shell calls `prepare_turn`)."""
         request = self._resolve(dialect, body, digests, path_session, headers, credential, _client(credential), size=0)
         return self._run(request, self._session(request), 0)
@@ -199,6 +201,8 @@ class EngineService:
         if reason := dialect.unedited_reason(body):
             session_id = session_id_for(path_session, headers, hints, credential, Conversation([], []))
             key = scoped_key(session_id, credential)
+            if session_id.startswith(FINGERPRINT_PREFIX):  # named by nothing: the chain it continues names it
+                key = self.chains.session_of(client, body.get("previous_response_id")) or key
             return _Request(key, client, dialect, body, size, unedited=reason)
         settings = self.holder.settings
         conversation = dialect.conversation(body, digests)
@@ -228,12 +232,11 @@ class EngineService:
             known = self._capsule_sets[id(specs)] = (specs, made, sum(len(c.text) for c in made))
         return known[1], known[2]
 
-    def _run(self, request: _Request, session: Session, cost: int) -> EngineTurn | PassthroughTurn:
+    def _run(self, request: _Request, session: Session, cost: int) -> EngineTurn | UneditedTurn:
         """The engine on the session's journal (the caller holds the session's gate, or is alone)."""
         dialect, body = request.dialect, request.body
         if request.unedited is not None:
-            self._record_unedited(session, dialect, body, request.unedited)
-            return PassthroughTurn(body=body, headers={"X-Context-Unedited": request.unedited})
+            return self._unedited(request, session)
         conversation, policy, model = request.conversation, request.policy, request.model
         assert conversation is not None and policy is not None and model is not None
         settings = self.holder.settings
@@ -266,6 +269,7 @@ class EngineService:
                 serialised=serialised,
             )
             turn.stats.api = dialect.name
+            turn.chain = functools.partial(self.chains.remember, request.client, key=session.id)
             retry = _is_retry(session, conversation)
             session.add_turn(turn.stats, retry=retry)
             turn.apply(outcome, correction)
@@ -287,11 +291,18 @@ class EngineService:
             model.context_window,
         )
 
-    def _record_unedited(self, session: Session, dialect: Dialect, body: Mapping[str, Any], reason: str) -> None:
-        """A turn whose history the upstream holds: shown in /sessions as forwarded unedited."""
+    def _unedited(self, request: _Request, session: Session) -> UneditedTurn:
+        """A turn whose history the upstream holds: shown in /sessions as forwarded unedited, with its usage."""
+        body, reason = request.body, str(request.unedited)
+        stats = TurnStats(model=str(body.get("model") or ""), api=request.dialect.name, unedited=reason)
         with session.lock:
-            session.add_turn(TurnStats(model=str(body.get("model") or ""), api=dialect.name, unedited=reason))
+            session.add_turn(stats)
             self.store.save(session)
+        model = self.holder.settings.model(stats.model)
+        chain = functools.partial(self.chains.remember, request.client, key=session.id)
+        return UneditedTurn(
+            body, session, stats, request.dialect, model, self.store, chain, headers={"X-Context-Unedited": reason}
+        )
 
     def close(self) -> None:
         """Write out what the session store has queued (at shutdown); the engine threads stop."""

@@ -129,6 +129,7 @@ class EngineTurn:
         self.correction = 1.0
         self.stored_journal: Journal | None = None  # what the session store last wrote for this turn
         self.usage_stored = False
+        self.chain: Callable[[Sequence[Mapping[str, Any]]], None] | None = None  # remembers the answer's response id
 
     @property
     def dialect(self) -> Dialect:
@@ -175,6 +176,8 @@ class EngineTurn:
         self.store.save(self.session)
 
     def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None:
+        if self.chain is not None:
+            self.chain(payloads)
         usage = self.dialect.usage(payloads)
         if usage is None or self.outcome is None or self.stats.prompt_tokens is not None:
             return
@@ -241,10 +244,11 @@ class EngineTurn:
     def _refit(self, reported_prompt_tokens: int) -> dict | None:
         if self.outcome is None or self.stats.retried or reported_prompt_tokens < 0 or self.estimate <= 0:
             return None
-        if reported_prompt_tokens == 0:  # too long by an amount the upstream did not say: at least the window
+        stated = reported_prompt_tokens > 0
+        if not stated:  # too long by an amount the upstream did not say: at least the window
             window = self.inputs.model.context_window - (self.inputs.conversation.max_output_tokens or 0)
             reported_prompt_tokens = max(window, round(self.estimate * self.correction)) + 1
-        learned = refit_correction(reported_prompt_tokens, self.estimate)
+        learned = refit_correction(reported_prompt_tokens, self.estimate, stated=stated)
         self.session.correction = max(self.session.correction, learned)
         RETRIES.inc(policy=self.session.policy)
         margin = self.inputs.model.estimate_margin

@@ -7,6 +7,7 @@ context overflow, before the client saw a byte) → relay.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
