@@ -62,14 +62,31 @@ class Fit:
         return out
 
 
-def protected(messages: Sequence[Message], pin_first_user: bool = True) -> list[bool]:
-    """Per message: True when no strategy may remove it (its whole unit then stays too)."""
+def task_length(messages: Sequence[Message]) -> int:
+    """How many messages the task is: every message before the agent's first reply (Codex sends its
+    `<environment_context>` as the first user message and the task after it), at least the first user message."""
+    first_reply = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), -1)
+    return max(first_reply, first_user + 1)
+
+
+def never_cut(messages: Sequence[Message], pin_task: bool = True) -> list[bool]:
+    """Per message: True when it is never cut: system and developer messages (an agent's
+    instructions, wherever they sit) and, with `pin_task`, the task (`task_length`)."""
     flags = [m.get("role") in PROTECTED_ROLES for m in messages]
+    if pin_task:
+        task = min(task_length(messages), len(messages))
+        flags[:task] = [True] * task
+    return flags
+
+
+def protected(messages: Sequence[Message], pin_first_user: bool = True) -> list[bool]:
+    """Per message: True when no strategy may remove it (its whole unit then stays too): what is never cut
+    (`pin_first_user`: the task with it), the last user message and the last message."""
+    flags = never_cut(messages, pin_first_user)
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     if users:
         flags[users[-1]] = True
-        if pin_first_user:
-            flags[users[0]] = True
     if flags:
         flags[-1] = True
     return flags

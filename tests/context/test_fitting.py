@@ -14,9 +14,12 @@ from hypothesis import strategies as st
 from proxy.context.fitting import (
     cut_oversized,
     fit_messages,
+    never_cut,
     omission_note,
     oversized_limit,
+    protected,
     removable_units,
+    task_length,
 )
 from proxy.context.messages import Message, content_text
 from proxy.context.policy import TRUNCATIONS
@@ -360,3 +363,13 @@ def test_fitting_keeps_every_invariant(messages, strategy, pin, fixed, budget_sh
     if strategy != "error" and total > target:
         left = [u for u in removable_units(messages, pin) if result_.keep[u[0]]]
         assert result_.tokens <= target or not left
+
+
+def test_the_task_is_every_message_before_the_agents_first_reply() -> None:
+    env = user("<environment_context><cwd>/work</cwd></environment_context>")
+    messages = [sys(), env, user("the task"), call("x"), result("x"), say("a"), user("more"), say("b"), user("last")]
+    assert task_length(messages) == 3
+    assert [i for i, pinned in enumerate(protected(messages)) if pinned] == [0, 1, 2, 8]
+    assert never_cut(messages) == [True, True, True] + [False] * 6
+    assert never_cut(messages, pin_task=False) == [True] + [False] * 8
+    assert task_length([say("hello"), user("task"), say("ok")]) == 2  # at least the first user message

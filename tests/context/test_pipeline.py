@@ -178,3 +178,30 @@ def test_sources_name_the_client_message_each_output_renders_and_minus_one_for_i
         if i >= 0:
             edited = out["role"] == messages[i]["role"] and out["content"] != messages[i]["content"]
             assert out is messages[i] or edited
+
+
+def codex_session(steps: int, instructions_tokens: int = 3500, task_tokens: int = 3500) -> list[dict]:
+    """Codex's shape: a long developer message, `<environment_context>` as the first user message, the task
+    after it, then one call and its large output per step."""
+    messages = [
+        {"role": "developer", "content": "You are Codex. " + "rule " * instructions_tokens},
+        {"role": "user", "content": "<environment_context>\n  <cwd>/work</cwd>\n</environment_context>"},
+        {"role": "user", "content": "The task: " + "detail " * task_tokens},
+    ]
+    for message in agent(steps, output_tokens=5000)[2:]:
+        messages.append(message)
+    return messages
+
+
+@pytest.mark.parametrize("window", [24000, 32000])
+def test_the_instructions_and_the_task_are_never_cut_nor_removed(window: int) -> None:
+    messages, journal, edited = codex_session(30), Journal(), 0
+    for i in range(3, len(messages) + 1, 2):  # each request ends with the task or a tool output
+        outcome = process(
+            journal, messages[:i], tools=None, policy=Policy(), model=ModelInfo(context_window=window), counter=COUNTER
+        )
+        journal, edited = outcome.journal, edited + ("window" in outcome.report.reasons)
+        assert outcome.overflow is None
+        assert outcome.messages[:3] == messages[:3]
+        assert check_pairing(outcome.messages) == []
+    assert edited  # the window did force edit epochs

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from typing import Any
 
 from proxy.context.draft import Draft
-from proxy.context.fitting import cut_oversized, oversized_limit
+from proxy.context.fitting import cut_oversized, never_cut, oversized_limit
 from proxy.context.journal import AS_SENT, CUT, Decision, TurnReport
 from proxy.context.messages import Message
 from proxy.context.steps.base import Epoch
@@ -51,14 +51,16 @@ class Cutting:
         return self.cache.cut(draft.messages[i], draft.journal.digests[i], decision.max_tokens, draft.counter)
 
     def edit(self, draft: Draft, epoch: Epoch, report: TurnReport) -> None:
-        """Cut every kept message but the last that alone exceeds `max_message_share` of the window."""
+        """Cut every kept message but the last that alone exceeds `max_message_share` of the window; never the
+        instructions (system, developer) nor the task (`fitting.never_cut`)."""
         if not epoch.over_budget:
             return
         limit = oversized_limit(draft.usable, draft.policy.max_message_share)
         journal = draft.journal
+        kept = never_cut(draft.messages, draft.policy.pin_first_user)
         for i in draft.visible()[:-1]:
             message = draft.messages[i]
-            if journal.decisions[i] is not AS_SENT or journal.sent[i] <= limit:
+            if journal.decisions[i] is not AS_SENT or journal.sent[i] <= limit or kept[i]:
                 continue
             # The cache keeps the cut made here, so recording the decision below does not cut the message again.
             if self.cache.cut(message, journal.digests[i], limit, draft.counter)["content"] != message.get("content"):
