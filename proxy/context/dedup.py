@@ -13,17 +13,19 @@ import hashlib
 from collections.abc import Sequence
 
 from proxy.context.messages import Message, content_text
+from proxy.context.stamps import unstamped
 
 # Below this many tokens a body is cheaper to repeat than to point at.
 MIN_TOKENS = 40
 
 
 def body_digest(message: Message) -> bytes | None:
-    """A digest of the output's text alone (not its call id), or None when it has no plain text."""
+    """A digest of the output's text alone (not its call id, nor the stamps a tool puts on each run:
+    `proxy.context.stamps`), or None when it has no plain text."""
     text = content_text(message)
     if text is None:
         return None
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+    return hashlib.blake2b(unstamped(text).encode(), digest_size=16).digest()
 
 
 def reference(target: Message) -> str:
