@@ -52,6 +52,12 @@ async def agent_turns(client: openai.AsyncOpenAI, turns: int, output: str = "x" 
     return items
 
 
+def chat_history(n: int) -> list[dict[str, Any]]:
+    """A task, then `n` messages in turn from the assistant and the user (the task alone is never removed)."""
+    said = [{"role": ("assistant", "user")[k % 2], "content": f"message {k} " + "z " * 40} for k in range(n)]
+    return [{"role": "user", "content": "The task."}, *said]
+
+
 @pytest.fixture
 async def engine_rig(make_rig: MakeRig) -> Rig:
     return await make_rig(engine=True, sim_config=SimulatorConfig(tool_calls=1))
@@ -126,7 +132,7 @@ async def test_a_streamed_refusal_for_length_is_refitted_before_the_client_sees_
     config = SimulatorConfig(models={"gpt-4o": 6000}, hidden_tokens_per_message=40)
     rig = await make_rig(engine=True, sim_config=config)
     rig.holder.settings = replace(rig.holder.settings, models=(ModelInfo(pattern="gpt-4o", context_window=6000),))
-    items = [{"role": "user", "content": f"message {k} " + "z " * 40} for k in range(24)]
+    items = chat_history(24)
     async with sdk(rig, "/s/refit/v1") as client:
         stream = await client.responses.create(model="gpt-4o", input=items, stream=True, max_output_tokens=4000)
         kinds = [event.type async for event in stream]
@@ -139,7 +145,7 @@ async def test_a_refusal_for_length_without_a_count_is_refitted_too(make_rig: Ma
     config = SimulatorConfig(models={"gpt-4o": 6000}, hidden_tokens_per_message=40)
     rig = await make_rig(engine=True, sim_config=config)
     rig.holder.settings = replace(rig.holder.settings, models=(ModelInfo(pattern="gpt-4o", context_window=6000),))
-    items = [{"role": "user", "content": f"message {k} " + "z " * 40} for k in range(24)]
+    items = chat_history(24)
     async with sdk(rig) as client:
         response = await client.responses.create(model="gpt-4o", input=items, max_output_tokens=4000)
     assert response.status == "completed" and rig.sim.totals.refused == 1
