@@ -109,8 +109,20 @@ async def hang_up_after(url: str, body: dict[str, Any], marker: bytes, **headers
     return received
 
 
-def turns_of(rig: Rig, session: str) -> list[dict[str, Any]]:
-    return rig.context.session_json(session)["turn_details"]
+async def turns_of(rig: Rig, session: str) -> list[dict[str, Any]]:
+    found = await rig.context.session_json(session)
+    return found["turn_details"] if found else []
+
+
+async def billed_turns(rig: Rig, session: str, count: int, timeout: float = 2.0) -> list[dict[str, Any]]:
+    """The session's turns once `count` of them have their usage (the last may still be recording it)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        turns = await turns_of(rig, session)
+        if (len(turns) == count and turns[-1]["prompt_tokens"] is not None) or loop.time() > end:
+            return turns
+        await asyncio.sleep(0.01)
 
 
 def requests_counted(rig: Rig, status: str) -> float:
@@ -131,9 +143,9 @@ async def test_a_turn_whose_client_hangs_up_at_response_completed_keeps_its_usag
         url = rig.base_url + "/responses"
         received = await hang_up_after(url, codex_body(), b"response.completed", **{"session-id": "c1"})
         assert b"response.completed" in received
-    assert await settle(lambda: len(turns_of(rig, "c1")) == 3 and turns_of(rig, "c1")[-1]["prompt_tokens"] is not None)
-    assert [t["prompt_tokens"] for t in turns_of(rig, "c1")] == [1234] * 3
-    assert [t["cached_tokens"] for t in turns_of(rig, "c1")] == [1000] * 3
+    turns = await billed_turns(rig, "c1", 3)
+    assert [t["prompt_tokens"] for t in turns] == [1234] * 3
+    assert [t["cached_tokens"] for t in turns] == [1000] * 3
     assert requests_counted(rig, "499") == hung_up_before  # each was answered whole: a 200, not a 499
     assert await settle(lambda: len([r for r in caplog.records if "POST /v1/responses 200" in r.getMessage()]) == 3)
 
@@ -171,7 +183,7 @@ async def test_codex_session_id_header_names_the_session(upstream: Scripted, mak
             headers = {"Authorization": "Bearer sk-codex", "session-id": "019a-codex"}
             async with http.post(rig.base_url + "/responses", json=codex_body(task), headers=headers) as response:
                 await response.read()
-    assert [row["id"] for row in rig.context.sessions_json()] == ["019a-codex"]
+    assert [row["id"] for row in await rig.context.sessions_json()] == ["019a-codex"]
 
 
 async def test_a_refusal_that_states_the_real_prompt_size_is_refitted_with_it(
@@ -196,7 +208,7 @@ async def test_a_refusal_that_states_the_real_prompt_size_is_refitted_with_it(
             assert b"response.completed" in await response.read()
     sent, refitted = upstream.bodies
     assert len(refitted["input"]) < len(sent["input"]) == len(body["input"])
-    assert turns_of(rig, "refit")[-1]["retried"] is True
+    assert (await turns_of(rig, "refit"))[-1]["retried"] is True
 
 
 async def test_a_previous_response_id_chain_stays_one_session_with_every_turn_billed(
@@ -212,8 +224,8 @@ async def test_a_previous_response_id_chain_stays_one_session_with_every_turn_bi
             last = orjson.loads([line for line in answer.split(b"\n") if b"response.completed" in line][-1][6:])
             previous = last["response"]["id"]
             body = {"model": "gpt-4o", "stream": True, "previous_response_id": previous, "input": "Go on."}
-    rows = rig.context.sessions_json()
+    rows = await rig.context.sessions_json()
     assert len(rows) == 1 and rows[0]["turns"] == 3
-    turns = turns_of(rig, rows[0]["id"])
+    turns = await billed_turns(rig, rows[0]["id"], 3)
     assert [t["unedited"] for t in turns] == [None, "previous_response_id", "previous_response_id"]
     assert [t["prompt_tokens"] for t in turns] == [1234] * 3

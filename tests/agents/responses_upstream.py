@@ -105,7 +105,9 @@ class ScriptedResponses:
             digest = hashlib.sha256(last.encode()).hexdigest()[:12]
             text = f"{FINAL_PREFIX} ran {step} commands; the last output had {last.count(chr(10))} lines ({digest})."
             content = [{"type": "output_text", "text": text, "annotations": []}]
-            return [{"type": "message", "id": f"msg_{step}", "role": "assistant", "status": "completed", "content": content}]
+            return [
+                {"type": "message", "id": f"msg_{step}", "role": "assistant", "status": "completed", "content": content}
+            ]
         reasoning = {
             "type": "reasoning",
             "id": f"rs_{step}",

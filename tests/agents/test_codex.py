@@ -105,10 +105,10 @@ async def test_codex_through_the_proxy_ends_as_direct_within_the_window(
             assert item == direct_reasoning[found["id"]]
             assert {k: v for k, v in found.items() if k != "content"} == scripted.issued[found["id"]]
     # One session, named by Codex's session-id header, every turn with what the upstream billed.
-    rows = rig.context.sessions_json()
+    rows = await rig.context.sessions_json()
     assert len(rows) == 1
     assert rows[0]["id"] == scripted.received[-1].headers["session-id"]
-    turns = rig.context.session_json(rows[0]["id"])["turn_details"]
+    turns = (await rig.context.session_json(rows[0]["id"]))["turn_details"]
     assert len(turns) == len(scripted.received)
     assert [t["prompt_tokens"] for t in turns] == [r.prompt_tokens for r in scripted.received]
 
