@@ -1,5 +1,5 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|hindsight`
-`|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction [-n N] [--ref REV] [--json FILE]`.
+`|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex [-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -128,6 +128,12 @@ def _compaction(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return compaction.run_compaction(), compaction.render
 
 
+def _agents_codex(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import agents_codex
+
+    return asyncio.run(agents_codex.run_agents_codex()), agents_codex.render
+
+
 def _state(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import state
 
@@ -140,6 +146,7 @@ COMMANDS: dict[str, Runner] = {
     "memory": _memory,
     "savings": _savings,
     "responses": _responses,
+    "agents-codex": _agents_codex,
     "anthropic": _anthropic,
     "profile": _profile,
     "stall": _stall,
