@@ -1,4 +1,4 @@
-"""`context-proxy serve|demo|simulate`: the command line (also `python -m proxy`)."""
+"""`context-proxy serve|demo|simulate|wrap`: the command line (also `python -m proxy`)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate",
         add_help=False,
         help="serve the local simulated upstream (try the proxy with curl and no API key)",
+    )
+    commands.add_parser(
+        "wrap",
+        add_help=False,
+        help="run an agent CLI through the proxy (`wrap codex [ARGS...]`), starting one if none is running",
     )
     return parser
 
@@ -164,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         from proxy.demo import replay
 
         return replay.simulate_main(argv[1:])
+    if argv[:1] == ["wrap"]:  # the agent's own arguments follow: wrap parses what precedes them
+        from proxy.wrap import launch
+
+        return launch.main(argv[1:])
     args = build_parser().parse_args(argv or ["serve"])
     args.argv = argv
     return run_serve(args)

@@ -53,6 +53,18 @@ class CodexRun:
     addresses: set[str]  # every IPv4/IPv6 address it connected or sent to (DNS included)
 
 
+def write_quiet_config(home: Path) -> None:
+    """A CODEX_HOME/config.toml holding `QUIET` (what a user's own config would hold, for `wrap codex`)."""
+    home.mkdir(parents=True, exist_ok=True)
+    tables: dict[str, list[str]] = {"": []}
+    for key, value in QUIET.items():
+        table, _, name = key.rpartition(".")
+        tables.setdefault(table, []).append(f"{name} = {value}")
+    text = "\n".join(tables.pop(""))
+    text += "".join(f"\n[{table}]\n" + "\n".join(lines) for table, lines in tables.items())
+    (home / "config.toml").write_text(text + "\n")
+
+
 def _config_args(base_url: str) -> list[str]:
     args = provider_overrides(base_url, env_key=KEY_ENV, websockets=True)
     for key, value in QUIET.items():
