@@ -4,6 +4,8 @@ every instance's sessions on `/sessions` and `/sessions/{id}`, and on a cluster 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,8 +16,9 @@ import pytest
 import redis
 
 from proxy.demo.simulator import SIMULATOR, start_simulator
+from tests.harness import closed_port
 from tests.redis_server import REDIS_CLI, REDIS_SERVER, RedisCluster, RedisServer
-from tests.test_state_redis import Proxy, ask, redis_server, reference, turns, write_config
+from tests.test_state_redis import Proxy, ask, redis_server, reference, turns, wait_healthy, write_config
 
 __all__ = ["redis_server", "reference"]  # fixtures this module uses
 
@@ -132,3 +135,41 @@ async def test_two_proxies_on_a_three_node_cluster_send_what_one_proxy_sends(
 async def _listed(port: int, count: int) -> list[dict] | None:
     rows = await get(port, "/sessions")
     return rows if len(rows) == count else None
+
+
+async def test_a_client_that_hangs_up_once_it_has_its_answer_is_answered_and_its_costs_reach_the_fleet(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Each JSON answer is read whole, then the connection closed at once: aiohttp cancels the handler of the
+    proxy (`serve`, its own process, so the hang-up races the handler's last write as it would in use)."""
+    sim, url = await start_simulator()
+    config, port = write_config(tmp_path / "hang-up", url, redis_server.url), closed_port()
+    served = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)])
+    body = {"model": "sim-12k", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        await wait_healthy(port)
+        for _ in range(30):
+            async with (
+                aiohttp.ClientSession() as client,
+                client.post(f"http://127.0.0.1:{port}/s/hang-up/v1/chat/completions", json=body) as response,
+            ):
+                assert (await response.json())["choices"]
+        async with aiohttp.ClientSession() as client, client.get(f"http://127.0.0.1:{port}/metrics") as response:
+            counted = [x for x in (await response.text()).splitlines() if x.startswith(CHAT_REQUESTS)]
+        assert counted == [CHAT_REQUESTS + 'status="200"} 30']  # answered, each of them: never a 499
+        async with Proxy(config) as other:
+            shown = await eventually(lambda: _shown_with(other.port, "hang-up", 30))
+        assert all(t["prompt_tokens"] and t["cost_usd"] for t in shown["turn_details"])
+    finally:
+        served.terminate()
+        served.wait(timeout=30)
+        await sim.cleanup()
+
+
+CHAT_REQUESTS = 'context_proxy_requests_total{route="chat_completions",'
+
+
+async def _shown_with(port: int, session: str, turns: int) -> dict | None:
+    async with aiohttp.ClientSession() as client, client.get(f"http://127.0.0.1:{port}/sessions/{session}") as got:
+        shown = await got.json() if got.status == 200 else None
+    return shown if shown and len(shown["turn_details"]) == turns else None
