@@ -60,6 +60,8 @@ class RedisCluster:
 
     def __init__(self, folder: Path, nodes: int = 3) -> None:
         self.nodes = [RedisServer(folder / f"node-{i}") for i in range(nodes)]
+        for node in self.nodes:
+            node.port = _port_with_bus()
 
     @property
     def url(self) -> str:
@@ -89,3 +91,19 @@ class RedisCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+def _port_with_bus() -> int:
+    """A free port whose cluster bus port (the port + 10000) is free and valid too: an ephemeral port often is not."""
+    for _ in range(100):
+        port = closed_port()
+        if port + 10000 > 65535:
+            port -= 20000  # ephemeral ports start at 32768: this one is below them, its bus port too
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
