@@ -1,4 +1,4 @@
-"""`context-proxy serve|demo|simulate|wrap`: the command line (also `python -m proxy`)."""
+"""`context-proxy serve|demo|simulate|wrap|stats`: the command line (also `python -m proxy`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from proxy import __version__
 from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, ServerConfig, Settings, load_settings
 from proxy.config.schema import Source, validate
 from proxy.metrics import share_from_env
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A streaming reverse proxy for OpenAI-style APIs that keeps agent conversations "
         "inside the model's window without breaking the prompt cache.",
     )
+    parser.add_argument("--version", action="version", version=f"context-proxy {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
         "serve",
@@ -68,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         help="run an agent CLI through the proxy (`wrap codex [ARGS...]`), starting one if none is running",
     )
+    commands.add_parser("stats", add_help=False, help="what a running proxy saved: its totals and sessions")
     return parser
 
 
@@ -173,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         from proxy.wrap import launch
 
         return launch.main(argv[1:])
+    if argv[:1] == ["stats"]:
+        from proxy import stats_command
+
+        return stats_command.main(argv[1:])
     args = build_parser().parse_args(argv or ["serve"])
     args.argv = argv
     return run_serve(args)

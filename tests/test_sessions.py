@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from typing import Any
 
@@ -34,6 +35,9 @@ class FakeJournal:
 
     def to_dict(self) -> dict[str, Any]:
         return {"entries": self.entries}
+
+    def summary(self) -> dict[str, Any]:
+        return {"epochs": len(self.entries)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FakeJournal:
@@ -123,10 +127,21 @@ def test_session_report_has_no_message_text() -> None:
         "id": "s",
         "key": "s",
         "policy": "default",
+        "api": "chat",
+        "model": "",
         "turns": 1,
         "tokens_before": 10,
         "tokens_after": 8,
         "last_seen": 0.0,
+        "cost_usd": 0.0,
+        "direct_cost_usd": 0.0,
+        "saved_usd": 0.0,
+        "tokens_before_total": 0,
+        "tokens_after_total": 0,
+        "billed_tokens": 0,
+        "billed_cached_tokens": 0,
+        "overflows_rescued": 0,
+        "epochs": 0,
     }
     assert session.to_dict()["turn_details"][0]["prompt_tokens"] == 9
 
@@ -191,6 +206,49 @@ def test_cost_totals_cover_every_turn_though_details_are_bounded(tmp_path) -> No
     report = again.to_dict()
     assert report["cost_usd"] == pytest.approx(0.01 * (MAX_TURNS_KEPT + 50))
     assert report["saved_usd"] == pytest.approx(0.01 * (MAX_TURNS_KEPT + 50))
+
+
+def test_session_totals_cover_every_billed_turn_across_a_restart(tmp_path) -> None:
+    path = tmp_path / "state.sqlite"
+    store = make_store(path=path)
+    session = store.get("agent-long")
+    for turn in range(MAX_TURNS_KEPT + 50):
+        report = TurnReport(turn, 9000, 6000, over_window=turn % 10 == 0)
+        stats = TurnStats(report=report, prompt_tokens=6100, cached_tokens=5000, cost_usd=0.01, direct_cost_usd=0.02)
+        session.add_turn(stats)
+        session.count_usage(stats)
+    store.save(session)
+    store.close()
+
+    row = make_store(path=path).get("agent-long").summary()
+    turns = MAX_TURNS_KEPT + 50
+    assert (row["tokens_before_total"], row["tokens_after_total"]) == (9000 * turns, 6000 * turns)
+    assert (row["billed_tokens"], row["billed_cached_tokens"]) == (6100 * turns, 5000 * turns)
+    assert row["overflows_rescued"] == 15
+    assert row["saved_usd"] == pytest.approx(0.01 * turns)
+
+
+def test_a_state_file_from_before_the_totals_opens_with_its_sessions_and_totals_at_zero(tmp_path) -> None:
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE sessions (id TEXT PRIMARY KEY, policy TEXT NOT NULL, last_seen REAL NOT NULL, "
+            "correction REAL NOT NULL, direct_prompt_tokens INTEGER NOT NULL, turn_count INTEGER NOT NULL, "
+            "cost_usd REAL NOT NULL, direct_cost_usd REAL NOT NULL, journal BLOB NOT NULL, turns BLOB NOT NULL)"
+        )
+        db.execute(
+            "INSERT INTO sessions VALUES ('old', 'default', ?, 1.0, 0, 3, 0.5, 0.75, ?, '[]')",
+            (time.time(), b'{"entries": []}'),
+        )
+
+    store = make_store(path=path)
+    old = store.get("old")
+    assert (old.turn_count, old.cost_usd, old.tokens_before_total) == (3, 0.5, 0)
+    stats = TurnStats(report=TurnReport(4, 100, 80), prompt_tokens=80, cost_usd=0.1, direct_cost_usd=0.1)
+    old.count_usage(stats)
+    store.save(old)
+    store.close()
+    assert make_store(path=path).get("old").summary()["tokens_after_total"] == 80
 
 
 def test_the_file_keeps_the_same_sessions_as_memory_least_recent_out_first(tmp_path) -> None:

@@ -332,3 +332,31 @@ async def test_the_shared_calibration_learns_only_listed_models_at_most_a_cap_an
     fields = {name.decode() for name in shared.hkeys(CALIBRATION_KEY)}
     assert fields == {f"sim-listed-{k}" for k in range(4)}
     assert 0 < shared.pttl(CALIBRATION_KEY) <= 6 * 3600 * 1000
+
+
+async def _row(port: int, session: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as client, client.get(f"http://127.0.0.1:{port}/sessions/{session}") as r:
+        return await r.json()
+
+
+async def test_two_proxies_count_a_sessions_totals_as_one_proxy_does(tmp_path: Path, redis_server: RedisServer) -> None:
+    first = next(turns())[0]
+    session_turns = [t for t in turns() if t[0] == first]
+    rows = []
+    for name, redis_url in (("one", ""), ("pair", redis_server.url)):
+        sim, url = await start_simulator()
+        try:
+            async with Proxy(write_config(tmp_path / name, url, redis_url)) as a, Proxy(a.config) as b:
+                proxies = (a, b) if redis_url else (a, a)
+                for n, (session, _k, messages, tools) in enumerate(session_turns):
+                    await ask(proxies[n % 2].port, session, messages, tools)
+                rows.append(await _row(proxies[(len(session_turns) - 1) % 2].port, first))
+        finally:
+            await sim.cleanup()
+    one, pair = rows
+    counted = ("turns", "tokens_before_total", "tokens_after_total", "billed_tokens", "billed_cached_tokens")
+    assert {k: pair[k] for k in (*counted, "overflows_rescued", "epochs")} == {
+        k: one[k] for k in (*counted, "overflows_rescued", "epochs")
+    }
+    assert one["epochs"] >= 1 and one["billed_cached_tokens"] > 0
+    assert pair["saved_usd"] == pytest.approx(one["saved_usd"]) and pair["cost_usd"] == pytest.approx(one["cost_usd"])

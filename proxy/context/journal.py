@@ -79,6 +79,7 @@ class TurnReport:
     reruns: int = 0  # calls in it whose output the proxy had cleared
     banked: float = 0.0  # billed input tokens the session's edits have saved after this turn, by our counts
     held_back: int = 0  # tokens of tool output a clearing could free (at most) that it did not, not paying yet
+    over_window: bool = False  # the client's request did not fit the usable window: sent direct, it is refused
 
     @property
     def rewrote_prefix(self) -> bool:
@@ -123,6 +124,7 @@ _REPORT_FIELDS = (
     "reruns",
     "banked",
     "held_back",
+    "over_window",
 )
 
 

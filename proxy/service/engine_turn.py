@@ -9,6 +9,7 @@ when another process wrote the session first; both after the session's other tur
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -24,8 +25,10 @@ from proxy.dialects.base import writes_at
 from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
 from proxy.state import SessionStore
-from proxy.state.sessions import Session, TurnStats
+from proxy.state.sessions import Session, TurnStats, savings, visible_id
 from proxy.tokens.counter import TokenCounter
+
+log = logging.getLogger("proxy.service")
 
 _POLICY = ("policy",)
 T = TypeVar("T")
@@ -189,8 +192,7 @@ class EngineTurn:
         stats.prompt_tokens, stats.cached_tokens = usage.prompt, usage.cached
         stats.cost_usd = usage.cost_usd(model)
         stats.direct_cost_usd = direct.cost_usd(model)  # priced as the proxied one is: cache writes too
-        self.session.cost_usd += stats.cost_usd
-        self.session.direct_cost_usd += stats.direct_cost_usd
+        self.session.count_usage(stats)
         policy = self.session.policy
         PROMPT_TOKENS.inc(usage.prompt, policy=policy)
         CACHED_TOKENS.inc(usage.cached, policy=policy)
@@ -198,6 +200,24 @@ class EngineTurn:
         COST.inc(stats.direct_cost_usd, policy=policy, route="direct")
         SAVED.inc(stats.direct_cost_usd - stats.cost_usd, policy=policy)
         self.store.save(self.session)
+        if log.isEnabledFor(logging.INFO):
+            self._log_turn(self.outcome.report)
+
+    def _log_turn(self, report: TurnReport) -> None:
+        """The turn's one INFO line: what the client sent and what went upstream, the cache, the epoch, the saving."""
+        stats = self.stats
+        log.info(
+            "session %s turn %d (%s, %s): tokens %d -> %d, cached %d, epoch %s, saved $%.4f",
+            visible_id(self.session.id),
+            report.turn,
+            stats.api,
+            stats.model[:100],
+            report.tokens_before,
+            report.tokens_after,
+            stats.cached_tokens or 0,
+            "+".join(report.reasons) if report.epoch else "no",
+            savings(stats.cost_usd or 0.0, stats.direct_cost_usd or 0.0)["saved_usd"],
+        )
 
     def _direct_usage(self, usage: Usage, report: TurnReport) -> Usage:
         """What the same turn would have been billed sent unedited, straight to the upstream."""

@@ -22,6 +22,7 @@ from proxy.dialects import MESSAGES
 from proxy.errors import ErrorShape, InvalidRequest, ProxyError, UpstreamError
 from proxy.metrics import METRICS
 from proxy.service.seam import ContextService, PassthroughService
+from proxy.shell import dashboard
 from proxy.shell.access import (
     AccessMiddleware,
     Handler,
@@ -125,6 +126,7 @@ _ROUTE_LABELS: dict[Callable, str] = {
     healthz: "healthz",
     metrics: "metrics",
     sessions: "sessions",
+    **dashboard.ROUTE_LABELS,
 }
 
 
@@ -225,6 +227,7 @@ def create_app(
     router.add_get("/metrics", metrics)
     router.add_get("/sessions", sessions)
     router.add_get("/sessions/{session_id}", sessions)
+    dashboard.add_routes(router)
     return app
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from proxy.dialects.base import Conversation
 from proxy.state.memory import SessionStore
-from proxy.state.sessions import Session
+from proxy.state.sessions import SUMMED, Session, totals
 
 SEPARATOR = "@@"  # never in a client's id (sanitize_session_id drops every "@"), once in a scoped key at most
 MAX_CONVERSATIONS = 16  # besides the session's own, per session; the least recently seen is forgotten past it
@@ -67,22 +67,20 @@ def conversations(store: Iterable[Session], key: str) -> list[Session]:
     return [s for s in store if s.id.startswith(prefix)]
 
 
-def _conversation_row(session: Session) -> dict[str, Any]:
-    return {**session.summary(), "cost_usd": session.cost_usd, "direct_cost_usd": session.direct_cost_usd,
-            "saved_usd": session.direct_cost_usd - session.cost_usd, **session.journal.summary()}  # fmt: skip
-
-
 def rows(listed: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """`GET /sessions` rows (`Session.summary()`, this process's or the fleet's), each session's conversations folded
-    into one row: its own conversation's, with turns over all of them and the latest last_seen."""
+    into one row: its own conversation's, with the counts and costs over all of them and the latest last_seen."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in listed:
         groups.setdefault(session_key(row["key"]), []).append(row)
     folded = []
     for key, group in groups.items():
         own = min(group, key=lambda r: (r["key"] != key, -r["last_seen"]))
-        turns, last_seen = sum(r["turns"] for r in group), max(r["last_seen"] for r in group)
-        folded.append({**own, "key": key, "turns": turns, "last_seen": last_seen, "conversations": len(group)})
+        summed = totals(group)  # turns, costs, saved, token and overflow counts, epochs: over every conversation
+        folded.append(
+            {**own, **{name: summed[name] for name in (*SUMMED, "saved_usd")}, "key": key,
+             "last_seen": max(r["last_seen"] for r in group), "conversations": len(group)}
+        )  # fmt: skip
     return folded
 
 
@@ -91,10 +89,6 @@ def detail(group: Sequence[Session]) -> dict[str, Any]:
     the totals of all, and a row per conversation (each with its turns)."""
     own, others = group[0], sorted(group[1:], key=lambda s: -s.last_seen)
     group = [own, *others]
-    cost, direct = sum(s.cost_usd for s in group), sum(s.direct_cost_usd for s in group)
-    details = [_conversation_row(s) | {"turn_details": [t.to_dict() for t in s.turns]} for s in others]
-    return {
-        **own.to_dict(), **own.journal.summary(), **rows(s.summary() for s in group)[0],
-        "cost_usd": cost, "direct_cost_usd": direct, "saved_usd": direct - cost,
-        "conversations": [_conversation_row(own), *details],
-    }  # fmt: skip
+    details = [s.summary() | {"turn_details": [t.to_dict() for t in s.turns]} for s in others]
+    # The own conversation's turn details (their cumulative costs its own), the totals of every conversation.
+    return {**own.to_dict(), **rows(s.summary() for s in group)[0], "conversations": [own.summary(), *details]}

@@ -39,7 +39,7 @@ from redis.exceptions import RedisError
 from proxy.config.loader import StateConfig
 from proxy.context.calibration import RATIO_SMOOTHING, observed_ratio
 from proxy.metrics import METRICS
-from proxy.state.codec import journal_bytes, session_from
+from proxy.state.codec import TOTALS, journal_bytes, session_from
 from proxy.state.fleet import REPORT_FIELD, ROW_FIELD, FleetIndex
 from proxy.state.memory import SessionStore, StoredTurn
 from proxy.state.redis_keys import CALIBRATION_KEY, session_key, turns_key
@@ -61,11 +61,16 @@ _OFFLOAD_MESSAGES = 1000
 _MAX_REALIGNS = 3  # a turn that loses this many races in a row goes out as last prepared
 _READ_TIMEOUT_S = 1.0  # reading the fleet's sessions (not on a turn's path) may take this long
 
+# The session's totals (proxy.state.codec.TOTALS) as a Lua table of the hash fields that count them.
+_TOTALS_LUA = "{" + ", ".join(f"'{name}'" for name in TOTALS) + "}"
+
 # KEYS: session hash, calibration hash (not on a cluster: another slot). ARGV: expected version, state,
 # ttl ms, model, new version. The state is written only if nobody wrote since the turn was prepared (or
 # Redis lost the key). Versions are random, never counted, so two processes that each went on alone never
-# match by chance. Either way the model's shared learned ratio comes back, for this process's next turns.
-_COMMIT = """
+# match by chance. Either way the model's shared learned ratio comes back, for this process's next turns;
+# a refusal brings the newer state, its costs and its totals.
+_COMMIT = (
+    """
 local v = redis.call('HGET', KEYS[1], 'v')
 local r = ''
 if KEYS[2] then r = redis.call('HGET', KEYS[2], ARGV[4]) or '' end
@@ -74,9 +79,14 @@ if not v or v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {1, ARGV[5], r}
 end
-local h = redis.call('HMGET', KEYS[1], 'v', 's', 'cost', 'direct_cost', 'direct_prompt')
-return {0, h[1] or '', h[2] or '', r, h[3] or '0', h[4] or '0', h[5] or '0'}
+local h = redis.call('HMGET', KEYS[1], 'v', 's', 'cost', 'direct_cost', 'direct_prompt', unpack("""
+    + _TOTALS_LUA
+    + """))
+local reply = {0, h[1] or '', h[2] or '', r}
+for i = 3, #h do reply[#reply + 1] = h[i] or '0' end
+return reply
 """
+)
 
 # KEYS: calibration hash. ARGV: model ('' = not shared), observed ratio ('' = none), smoothing, the most
 # models the hash holds (a new one past it is not learned there), ttl ms. Calibration.learn done where
@@ -98,9 +108,9 @@ return new
 
 # KEYS: session hash, turn details list, calibration hash (not on a cluster). ARGV: cost, direct cost,
 # direct prompt tokens, turn detail, details kept, ttl ms, model ('' = not shared), observed ratio ('' =
-# none), smoothing, the session's /sessions row, its report, the calibration's cap. One call, one round
-# trip: the turn's usage, what the fleet view reads (proxy/state/fleet.py) and, with the calibration
-# hash, _LEARN.
+# none), smoothing, the session's /sessions row, its report, the calibration's cap, the turn's counts
+# (TOTALS' order). One call, one round trip: the turn's usage, what the fleet view reads (proxy/state/fleet.py)
+# and, with the calibration hash, _LEARN.
 _USAGE = (
     """
 redis.call('HINCRBYFLOAT', KEYS[1], 'cost', ARGV[1])
@@ -110,6 +120,9 @@ redis.call('HSET', KEYS[1], 'direct_prompt', ARGV[3], '"""
     + """', ARGV[10], '"""
     + REPORT_FIELD
     + """', ARGV[11])
+for i, name in ipairs("""
+    + _TOTALS_LUA
+    + """) do redis.call('HINCRBY', KEYS[1], name, ARGV[12 + i]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('RPUSH', KEYS[2], ARGV[4])
 redis.call('LTRIM', KEYS[2], -tonumber(ARGV[5]), -1)
@@ -240,6 +253,8 @@ class RedisStore(SessionStore):
             session.journal = turn.journal_before
         session.cost_usd, session.direct_cost_usd = float(reply[4]), float(reply[5])
         session.direct_prompt_tokens = int(reply[6])
+        for name, count in zip(TOTALS, reply[7:], strict=True):
+            setattr(session, name, int(count))
 
     async def _encode(self, session: Session) -> bytes | None:
         """The session's shared state (no turn details, no costs: those follow with the usage)."""
@@ -262,7 +277,7 @@ class RedisStore(SessionStore):
     async def _write_usage(self, turn: StoredTurn) -> None:
         session, stats, model = turn.session, turn.stats, turn.shared_model
         detail = orjson.dumps(stats.to_dict())
-        row, report = orjson.dumps(session.summary()), orjson.dumps({**session.overview(), **session.journal.summary()})
+        row, report = orjson.dumps(session.summary()), orjson.dumps(session.overview())
         observed = "" if (ratio := observed_ratio(stats.prompt_tokens or 0, turn.estimate)) is None else repr(ratio)
         ttl_ms = int(self.idle_ttl_s * 1000)
         money = [repr(stats.cost_usd or 0.0), repr(stats.direct_cost_usd or 0.0), session.direct_prompt_tokens]
@@ -279,6 +294,7 @@ class RedisStore(SessionStore):
             report,
             cap,
         ]
+        args += stats.counts().values()
         keys = [session_key(session.id), turns_key(session.id)]
         if self.cluster:  # the calibration is learned in its own slot, in the same wait
             learn = self._learn(keys=[CALIBRATION_KEY], args=[model, observed, repr(RATIO_SMOOTHING), cap, ttl_ms])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +102,12 @@ def visible_id(key: str) -> str:
     return key.split("@", 1)[0]  # a client's id never has an "@" (sanitize_session_id)
 
 
+def savings(cost_usd: float, direct_cost_usd: float) -> dict[str, float]:
+    """What was billed through the proxy, what the same turns would have cost sent direct, and the difference:
+    the one way a saving is stated (a session's, the totals', a turn's log line); negative when the edits cost more."""
+    return {"cost_usd": cost_usd, "direct_cost_usd": direct_cost_usd, "saved_usd": direct_cost_usd - cost_usd}
+
+
 @dataclass(slots=True)
 class TurnStats:
     """One turn as `GET /sessions/{id}` shows it: the engine's report plus what the upstream billed."""
@@ -117,6 +123,17 @@ class TurnStats:
     retried: bool = False
     api: str = "chat"  # the dialect's name: chat, responses, messages
     unedited: str | None = None  # why the turn went upstream as sent (Responses: previous_response_id, conversation)
+
+    def counts(self) -> dict[str, int]:
+        """What this billed turn adds to its session's totals (`Session.count_usage`; a shared store adds the same)."""
+        report = self.report
+        return {
+            "tokens_before_total": report.tokens_before if report else 0,
+            "tokens_after_total": report.tokens_after if report else 0,
+            "billed_tokens": self.prompt_tokens or 0,
+            "billed_cached_tokens": self.cached_tokens or 0,
+            "overflows_rescued": int(self.retried or bool(report and report.over_window)),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -166,6 +183,13 @@ class Session:
     # What the last turn asked (the digest of its messages), in this process: the same request again, after
     # an answer without usage (an upstream error the client retries), is that turn again, not a new one.
     last_request: bytes = field(default=b"", repr=False, compare=False)
+    # Over every turn the upstream answered (`count_usage`): our counts of what the client sent and what went
+    # upstream, the billed prompt and cached tokens, and turns direct would have overflowed that went through.
+    tokens_before_total: int = 0
+    tokens_after_total: int = 0
+    billed_tokens: int = 0
+    billed_cached_tokens: int = 0
+    overflows_rescued: int = 0
     # Held while a turn is prepared: the engine may run on a worker thread (large bodies) and on the loop.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -179,37 +203,94 @@ class Session:
         if len(self.turns) > MAX_TURNS_KEPT:
             del self.turns[: len(self.turns) - MAX_TURNS_KEPT]
 
+    def count_usage(self, stats: TurnStats) -> None:
+        """Add a turn the upstream billed (`stats` priced) to the session's totals."""
+        self.cost_usd += stats.cost_usd or 0.0
+        self.direct_cost_usd += stats.direct_cost_usd or 0.0
+        for name, count in stats.counts().items():
+            setattr(self, name, getattr(self, name) + count)
+
     @property
     def last_report(self) -> TurnReport | None:
         """The engine's report of the latest turn (None before one, or when it went upstream unedited)."""
         return self.turns[-1].report if self.turns else None
 
     def summary(self) -> dict[str, Any]:
-        """The `GET /sessions` row: no message text."""
+        """The `GET /sessions` row (and the dashboard's, and `context-proxy stats`'): no message text.
+
+        The one place a session's savings are computed: every view reads `saved_usd` from here.
+        """
         last = self.last_report
+        latest = self.turns[-1] if self.turns else None
         return {
             "id": visible_id(self.id),
             "key": self.id,  # the id scoped by the client's credential: where the state is kept
             "policy": self.policy,
+            "api": latest.api if latest else None,
+            "model": latest.model if latest else None,
             "turns": self.turn_count,
             "tokens_before": last.tokens_before if last else None,
             "tokens_after": last.tokens_after if last else None,
             "last_seen": self.last_seen,
+            **savings(self.cost_usd, self.direct_cost_usd),
+            "tokens_before_total": self.tokens_before_total,
+            "tokens_after_total": self.tokens_after_total,
+            "billed_tokens": self.billed_tokens,
+            "billed_cached_tokens": self.billed_cached_tokens,
+            "overflows_rescued": self.overflows_rescued,
+            **self.journal.summary(),  # epochs, banked, recall_misses, cleared_reruns, miss_heat
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """The `GET /sessions/{id}` body."""
-        return {**self.overview(), "turn_details": [t.to_dict() for t in self.turns]}
+        """The `GET /sessions/{id}` body: the row, and per recent turn what the engine did and what it cost."""
+        return with_cumulative_costs({**self.overview(), "turn_details": [t.to_dict() for t in self.turns]})
 
     def overview(self) -> dict[str, Any]:
         """The `GET /sessions/{id}` body but the turn details (what a shared store keeps beside them)."""
-        cost, direct, last = self.cost_usd, self.direct_cost_usd, self.last_report
+        last = self.last_report
         return {
             **self.summary(),
             "idle_s": round(self.idle_s, 3),
             "clearing_held_back_tokens": last.held_back if last else 0,
             "correction": self.correction,
-            "cost_usd": cost,
-            "direct_cost_usd": direct,
-            "saved_usd": direct - cost,
         }
+
+
+def with_cumulative_costs(report: dict[str, Any]) -> dict[str, Any]:
+    """A `/sessions/{id}` body whose turn details say the session's cost so far at each turn (proxied and direct):
+    counted back from the session's totals, so the last turn's equals them even when older turns are no longer
+    kept. Every store's report goes through it (the memory copy's and the fleet's)."""
+    cost, direct = report["cost_usd"], report["direct_cost_usd"]
+    for detail in reversed(report["turn_details"]):
+        detail["cumulative_cost_usd"], detail["cumulative_direct_cost_usd"] = cost, direct
+        cost -= detail.get("cost_usd") or 0.0
+        direct -= detail.get("direct_cost_usd") or 0.0
+    return report
+
+
+# The `GET /sessions` row fields that add up over sessions (and a session's conversations) into totals.
+SUMMED = (
+    "turns",
+    "cost_usd",
+    "direct_cost_usd",
+    "tokens_before_total",
+    "tokens_after_total",
+    "billed_tokens",
+    "billed_cached_tokens",
+    "overflows_rescued",
+    "epochs",
+    "recall_misses",
+)
+
+
+def totals(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The proxy's totals (`GET /stats`, the dashboard, `context-proxy stats`): the sum of the `GET /sessions`
+    rows, so the totals always equal what the sessions table adds up to. `cache_hit_rate`: billed cached tokens
+    per billed prompt token (None before any)."""
+    rows = list(rows)
+    out: dict[str, Any] = {"sessions": len(rows)}
+    for name in SUMMED:
+        out[name] = sum(row.get(name) or 0 for row in rows)
+    out.update(savings(out["cost_usd"], out["direct_cost_usd"]))
+    out["cache_hit_rate"] = out["billed_cached_tokens"] / out["billed_tokens"] if out["billed_tokens"] else None
+    return out

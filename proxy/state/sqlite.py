@@ -20,7 +20,7 @@ from typing import Any
 
 from proxy.config.loader import ConfigError
 from proxy.metrics import METRICS
-from proxy.state.codec import FIELDS, journal_bytes, session_from, turns_bytes
+from proxy.state.codec import FIELDS, journal_bytes, session_from, totals_bytes, turns_bytes
 from proxy.state.memory import SessionStore
 from proxy.state.sessions import Session
 
@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     cost_usd REAL NOT NULL,
     direct_cost_usd REAL NOT NULL,
     journal BLOB NOT NULL,
-    turns BLOB NOT NULL
+    turns BLOB NOT NULL,
+    totals BLOB NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS sessions_last_seen ON sessions (last_seen);
 CREATE TABLE IF NOT EXISTS proxy_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -118,7 +119,7 @@ class SqliteStore(SessionStore):
             key, journal, turns = row[0], row[8], row[9]
             try:
                 fields = dict(zip(FIELDS, row[1:8], strict=True))
-                session = session_from(key, fields, journal, turns, self._journal_from_dict)
+                session = session_from(key, fields, journal, turns, self._journal_from_dict, totals=row[10])
             except (ValueError, TypeError, KeyError) as exc:
                 log.error("session state unreadable, starting it afresh: %s", exc)
                 continue
@@ -163,12 +164,12 @@ class SqliteStore(SessionStore):
                 rows.append(row)
         db = self._db
         if not self._ready:  # the file was locked at start-up
-            db.executescript(_SCHEMA)
+            _create(db)
             self._ready = True
         db.execute("BEGIN IMMEDIATE")
         try:
             db.executemany("DELETE FROM sessions WHERE id = ?", deletes)
-            db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             db.execute(
                 "DELETE FROM sessions WHERE id NOT IN (SELECT id FROM sessions ORDER BY last_seen DESC LIMIT ?)",
                 (self.max_sessions,),
@@ -185,13 +186,20 @@ class SqliteStore(SessionStore):
             STATE_TOO_LARGE.inc(store="sqlite")
             log.warning("session %s is over state.max_session_kb; kept in memory only", session.id)
             return None
-        return (session.id, *(getattr(session, name) for name in FIELDS), journal, turns)
+        return (session.id, *(getattr(session, name) for name in FIELDS), journal, turns, totals_bytes(session))
 
     def _failed(self, reason: str) -> None:
         if self._problem is None:
             log.error("%s", reason)
         self._problem = reason
         STATE_FAILURES.inc(store="sqlite")
+
+
+def _create(db: sqlite3.Connection) -> None:
+    """The tables, and the column a file written before the session totals lacks (its sessions' totals start at 0)."""
+    db.executescript(_SCHEMA)
+    if "totals" not in {column[1] for column in db.execute("PRAGMA table_info(sessions)")}:
+        db.execute("ALTER TABLE sessions ADD COLUMN totals BLOB NOT NULL DEFAULT '{}'")
 
 
 def _open(path: str) -> tuple[sqlite3.Connection, bool]:
@@ -205,7 +213,7 @@ def _open(path: str) -> tuple[sqlite3.Connection, bool]:
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_MS / 1000)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(_SCHEMA)
+        _create(db)
         db.execute("INSERT OR REPLACE INTO proxy_meta VALUES ('opened', datetime('now'))")
     except sqlite3.OperationalError as exc:
         if db is not None and ("locked" in str(exc) or "busy" in str(exc)):
