@@ -87,7 +87,7 @@ async def replayed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Re
     proxy = serve(write_config(tmp_path_factory.mktemp("stats"), url), upstream_url=url)
     try:
         await replay(proxy.root, "dash-1", "sweagent_marshmallow-1867.json", 13)
-        await replay(proxy.root, "dash-2", "sweagent_text_pydicom-1458.json", 5)
+        await replay(proxy.root, "dash-2", "sweagent_marshmallow-1867.json", 5)
         stats, rows = await get(f"{proxy.root}/stats"), await get(f"{proxy.root}/sessions")
         yield Replayed(proxy, stats, rows, await get(f"{proxy.root}/sessions/dash-1"))
     finally:
