@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.quality import Score, Setting, held_out, measure
+from bench.quality import Setting, held_out, policy_row
 from bench.stats import table
 from proxy.context.compact import REPEATED, Places, apply
 from proxy.context.messages import content_text, is_tool_output
@@ -65,21 +65,8 @@ def run_compaction() -> dict[str, Any]:
         result["transforms"][name] = transforms(traces, counter)
         for window in WINDOWS:
             for setting in SETTINGS:
-                result["rows"].append(_row(name, window, setting, traces, counter))
+                result["rows"].append(policy_row(name, setting, window, traces, counter))
     return result
-
-
-def _row(name: str, window: int, setting: Setting, traces: list[Trace], counter: Counter) -> dict[str, Any]:
-    row: dict[str, Any] = {"set": name, "window": window, "setting": setting.name}
-    for d in DISCOUNTS:
-        score, billed, direct, worst = Score(), 0.0, 0.0, 0.0
-        for trace in traces:
-            m = measure(setting, trace, window, d, counter)
-            score.add(m["score"])
-            billed, direct = billed + m["billed"], direct + m["direct"]
-            worst = max(worst, m["billed"] / m["direct"])
-        row[str(d)] = {"billed": billed / direct, "worst": worst, "lost": score.rate, "failed": score.failed}
-    return row
 
 
 def render(result: dict[str, Any]) -> str:
@@ -98,7 +85,7 @@ def render(result: dict[str, Any]) -> str:
     rows = []
     for r in result["rows"]:
         cells = [
-            f"{r[str(d)]['billed']:.3f} ({r[str(d)]['worst']:.3f}) lost {r[str(d)]['lost']:.3f}"
+            f"{r[str(d)]['billed_ratio']:.3f} ({r[str(d)]['worst_trace_ratio']:.3f}) lost {r[str(d)]['lost_rate']:.3f}"
             + (f" failed {r[str(d)]['failed']}" if r[str(d)]["failed"] else "")
             for d in DISCOUNTS
         ]

@@ -248,14 +248,14 @@ def run_quality(sets: dict[str, list[str | Path]] | None = None, plot: bool = Tr
             continue
         for setting in SETTINGS:
             for window in WINDOWS:
-                rows.append(_row(set_name, setting, window, traces, counter))
+                rows.append(policy_row(set_name, setting, window, traces, counter))
     result: dict[str, Any] = {"rows": rows}
     if plot:
         result["plot"] = str(_plot(rows))
     return result
 
 
-def _row(set_name: str, setting: Setting, window: int, traces: list[Trace], counter: Counter) -> dict[str, Any]:
+def policy_row(set_name: str, setting: Setting, window: int, traces: list[Trace], counter: Counter) -> dict[str, Any]:
     row: dict[str, Any] = {"set": set_name, "setting": setting.name, "window": window}
     for d in DISCOUNTS:
         total, billed, direct, worst = Score(), 0.0, 0.0, 0.0
