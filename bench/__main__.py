@@ -119,7 +119,7 @@ def _idle(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
 def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import quality
 
-    return quality.run_quality(), quality.render
+    return quality.run_quality(sets=quality.named_sets(ns.set or None), only=ns.setting or None), quality.render
 
 
 def _compaction(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         "--ref", default=None, help="ab (default HEAD~1), long-event: the git revision to compare the working tree with"
     )
     parser.add_argument("--json", metavar="FILE", help="also write the raw result as JSON")
+    parser.add_argument("--set", action="append", help="quality: only this set of traces (repeatable), e.g. 'others A'")
+    parser.add_argument("--setting", action="append", help="quality: only this setting (repeatable), e.g. 'direct'")
     ns = parser.parse_args(argv)
     started = time.monotonic()
     result, render = COMMANDS[ns.kind](ns)

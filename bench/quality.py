@@ -11,6 +11,7 @@ the same prefix-cache model, so cost and loss come from the same requests.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -231,26 +232,41 @@ def held_out(sample: str = "") -> list[Path]:
     return sorted((HELD_OUT / sample).glob("*.json"))
 
 
-def run_quality(sets: dict[str, list[str | Path]] | None = None, plot: bool = True) -> dict[str, Any]:
-    from proxy.tokens.counter import counter_for
-
-    counter = counter_for("o200k_base")
-    sets = sets or {
+def named_sets(names: list[str] | None = None) -> dict[str, list[str | Path]]:
+    """The sets of traces `bench quality` reports, or those of them named. "others A" and "others B" are runs of
+    other agents (SWE-agent, OpenHands: `bench/traces/others.py`), A tuned on, B held out."""
+    sets: dict[str, list[str | Path]] = {
         "packaged": list(TRACE_NAMES),
         "held-out": list(held_out()),
         "sample A": list(held_out("sample_a")),
         "sample B": list(held_out("sample_b")),
+        "others A": list(held_out("others_a")),
+        "others B": list(held_out("others_b")),
     }
+    unknown = sorted(set(names or ()) - set(sets))
+    if unknown:
+        raise SystemExit(f"no set {', '.join(map(repr, unknown))}; sets: {', '.join(sets)}")
+    return {name: sets[name] for name in names} if names else sets
+
+
+def run_quality(
+    sets: dict[str, list[str | Path]] | None = None, plot: bool = True, only: list[str] | None = None
+) -> dict[str, Any]:
+    from proxy.tokens.counter import counter_for
+
+    counter = counter_for("o200k_base")
+    sets = sets or named_sets()
+    settings = [s for s in SETTINGS if not only or s.name in only]
     rows = []
     for set_name, names in sets.items():
         traces = [load_trace(n) for n in names]
         if not traces:
             continue
-        for setting in SETTINGS:
+        for setting in settings:
             for window in WINDOWS:
                 rows.append(policy_row(set_name, setting, window, traces, counter))
     result: dict[str, Any] = {"rows": rows}
-    if plot:
+    if plot and importlib.util.find_spec("matplotlib") is not None:  # the plot is optional, the table is not
         result["plot"] = str(_plot(rows))
     return result
 

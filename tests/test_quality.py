@@ -9,6 +9,7 @@ from proxy.context.clearing import PLACEHOLDER
 from proxy.demo.traces import Trace
 from proxy.tokens.counter import counter_for
 from tests.context.replay import TRACE_NAMES, load
+from tests.pairing import check_pairing
 
 COUNTER = counter_for("o200k_base")
 BY_NAME = {s.name: s for s in SETTINGS}
@@ -59,12 +60,20 @@ def test_a_token_is_lost_only_when_nothing_sent_still_holds_it():
 
 
 def test_held_out_traces_are_not_the_packaged_ones_nor_each_other():
-    sets = [{load(p).source for p in held_out(sample)} for sample in ("", "sample_a", "sample_b")]
-    assert [len(s) for s in sets] == [4, 12, 12]
+    samples = ("", "sample_a", "sample_b", "others_a", "others_b")
+    sets = [{load(p).source for p in held_out(sample)} for sample in samples]
+    assert [len(s) for s in sets] == [4, 12, 12, 13, 11]
     seen = {load(n).source for n in TRACE_NAMES}
     for s in sets:
         assert not s & seen
         seen |= s
+
+
+@pytest.mark.parametrize("path", held_out("others_a") + held_out("others_b"), ids=lambda p: p.stem)
+def test_other_agents_runs_pair_every_call_with_its_result_and_end_on_an_answer(path):
+    trace = load(path)
+    assert not check_pairing(trace.messages[:-1])  # the last answer is never sent
+    assert trace.messages[-1]["role"] == "assistant" and trace.source
 
 
 @pytest.mark.parametrize("name", TRACE_NAMES)
