@@ -75,6 +75,7 @@ RULES: dict[str, Any] = {
     "Policy.max_message_share": SHARE,
     "Policy.first_edit_risk_turns": Field(ge=0, allow_inf_nan=False),  # inf x a later edit's 0 would be nan
     "ClearPolicy.miss_keep_tokens": Field(ge=0),
+    "ClearPolicy.stub_tokens": Field(ge=0),
     "ModelInfo.context_window": Field(ge=1),
     "ModelInfo.encoding": Literal[tuple(PACKAGED_FILES)],
     "ModelInfo.cache_ttl_s": Field(ge=0),

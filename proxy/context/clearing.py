@@ -24,6 +24,8 @@ from proxy.context.policy import DEFAULT_ERROR_PATTERNS, ClearPolicy
 from proxy.context.tokens import Counter, HeuristicCounter
 
 PLACEHOLDER = "[output cleared to fit the context window; run the tool again if needed]"
+# What every cleared output ends with, the placeholder or a stub keeping some of its lines (`proxy.context.stubs`).
+CLEARED_SUFFIX = "cleared to fit the context window; run the tool again if needed]"
 # An output sent with fewer characters than this is never worth clearing (the policy's `keep_under` is in tokens, and
 # larger): where a marked cache (`ModelInfo.marked_cache`) gets its mark, before the oldest longer one still sent.
 FRONTIER_MIN_CHARS = 400
@@ -177,5 +179,10 @@ def _size(message: Message, counter: Counter) -> int:
     return counter.count_text(text) if text is not None else counter.count_message(message)
 
 
+def is_cleared(text: object) -> bool:
+    """The placeholder, or a stub: an output the proxy cleared."""
+    return isinstance(text, str) and text.endswith(CLEARED_SUFFIX)
+
+
 def _is_cleared(message: Message) -> bool:
-    return message.get("content") == PLACEHOLDER
+    return is_cleared(message.get("content"))

@@ -27,11 +27,12 @@ class Decision:
 
     kind: str = KEEP
     max_tokens: int = 0  # cut: the text's allowance, head + marker + tail
-    reference: str = ""  # deduped: the line sent instead of the body; compacted: its runs (`compact.encode`)
+    reference: str = ""  # deduped: the line sent instead of the body; compacted: its runs (`compact.encode`);
+    # cleared: the lines its stub keeps (`stubs.encode`), "" for the placeholder alone
     target: int = -1  # deduped: the client index of the identical output it points to
 
     def to_json(self) -> Any:
-        if self.kind in (KEEP, CLEARED, DROPPED):
+        if self.kind in (KEEP, CLEARED, DROPPED) and not self.reference:
             return self.kind
         return [self.kind, self.max_tokens, self.reference, self.target]
 

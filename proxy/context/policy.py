@@ -40,6 +40,9 @@ class ClearPolicy:
     # doubles, up to this; the doubling fades by `recall.MISS_FADE` a turn (<= keep_tokens: off). 2500, not
     # more: 3000 and 8000 lost no less on bench quality's samples and bill Responses' packaged traces over 0.78.
     miss_keep_tokens: int = 2500
+    # A cleared output keeps, in a stub of at most this many tokens, the lines holding what the agent wrote
+    # after reading it (`proxy.context.stubs`); 0: the placeholder alone.
+    stub_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER
+from proxy.context.clearing import FRONTIER_MIN_CHARS, is_cleared
 
 MAX_BREAKPOINTS = 4
 EPHEMERAL = {"type": "ephemeral"}
@@ -132,7 +132,7 @@ def _mark(content: Any, control: dict[str, str]) -> list[Any] | None:
 def _cleared_or_short(block: dict[str, Any]) -> bool:
     content = block.get("content")
     text = content if isinstance(content, str) else "".join(str(b.get("text", "")) for b in _blocks(content))
-    return text == PLACEHOLDER or len(text) < FRONTIER_MIN_CHARS
+    return is_cleared(text) or len(text) < FRONTIER_MIN_CHARS
 
 
 def frontier(messages: list[Any]) -> int | None:

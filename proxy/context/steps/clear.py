@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER, ClearPlan, ClearToolOutputs
+from proxy.context import stubs
+from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER, ClearPlan, ClearToolOutputs, is_cleared
 from proxy.context.draft import Draft
 from proxy.context.economics import epoch_cost, epoch_saving, epoch_value, within_budget
 from proxy.context.journal import AS_SENT, CLEARED, COMPACTED, DROPPED, Decision, TurnReport
 from proxy.context.messages import Message, content_text, is_tool_output, message_ids
-from proxy.context.recall import outputs_in_use
+from proxy.context.recall import message_tokens, never_edited, outputs_in_use
 from proxy.context.steps.base import Epoch
 from proxy.context.tokens import REPLY_PRIMING
 
@@ -20,6 +21,8 @@ RECENT_MESSAGES = 6
 # and by 1/REPLAN_GROWTH of itself: a plan walks the whole conversation, so on a long one this
 # keeps planning to one turn in many instead of every turn that adds a tool output.
 REPLAN_GROWTH = 8
+# A cleared output's stub keeps at most this share of its tokens (and at most `stub_tokens`).
+STUB_SHARE = 0.3
 _CLEARED = Decision(CLEARED)
 
 
@@ -27,16 +30,19 @@ class Clearing:
     kind = CLEARED
 
     def emit(self, draft: Draft, i: int, decision: Decision) -> Message:
-        return {**draft.messages[i], "content": PLACEHOLDER}
+        message = draft.messages[i]
+        if not decision.reference:
+            return {**message, "content": PLACEHOLDER}
+        return {**message, "content": stubs.render(content_text(message) or "", stubs.decode(decision.reference))}
 
     def edit(self, draft: Draft, epoch: Epoch, report: TurnReport) -> None:
         if epoch.plan is None:
             return
         out, _ = draft.render()
         visible = draft.visible()
-        planned = epoch.plan.indices(*draft.visible_output(out))
-        for v in planned:
-            draft.decide(visible[v], _CLEARED)
+        planned = [visible[v] for v in epoch.plan.indices(*draft.visible_output(out))]
+        for i, decision in zip(planned, _stubbed(draft, planned), strict=True):
+            draft.decide(i, decision)
         report.cleared = len(planned)
 
     def plan(self, draft: Draft, out: list[Message], counts: list[int], *, forced: bool) -> ClearPlan | None:
@@ -106,6 +112,32 @@ class Clearing:
         return plan
 
 
+def _stubbed(draft: Draft, cleared: list[int]) -> list[Decision]:
+    """The decision for each client message `cleared`: a stub keeping the lines holding what the agent wrote
+    after reading it (`stubs.choose_lines`), within `stub_tokens` and `STUB_SHARE` of the output; or the
+    placeholder when it quoted nothing from it (or stubs are off)."""
+    rules = draft.policy.clear_tool_outputs
+    if rules.stub_tokens <= 0 or not cleared:
+        return [_CLEARED] * len(cleared)
+    messages = draft.messages
+    fixed = never_edited(messages)
+    quoted_after: dict[int, frozenset[str]] = {}
+    quoted: frozenset[str] = frozenset()
+    wanted = set(cleared)
+    for i in range(len(messages) - 1, min(cleared) - 1, -1):
+        if i in wanted:
+            quoted_after[i] = quoted
+        elif messages[i].get("role") == "assistant":
+            quoted = quoted | (message_tokens(messages[i]) - fixed)
+    decisions = []
+    for i in cleared:
+        text = content_text(messages[i])
+        budget = min(rules.stub_tokens, int(STUB_SHARE * draft.journal.tokens[i]))
+        lines = stubs.choose_lines(text, quoted_after[i], budget, draft.counter) if text else ()
+        decisions.append(Decision(CLEARED, reference=stubs.encode(lines)) if lines else _CLEARED)
+    return decisions
+
+
 def _paying_part(
     draft: Draft, plan: ClearPlan, visible: list[Message], digests: list[bytes], value: Callable[[int, int], float]
 ) -> ClearPlan:
@@ -164,7 +196,7 @@ def _frontier(draft: Draft, out: list[Message]) -> int:
     for i, j in enumerate(draft.where):
         if j >= 0 and draft.journal.outputs[i]:
             text = content_text(out[j])
-            if text is not None and text != PLACEHOLDER and len(text) >= FRONTIER_MIN_CHARS:
+            if text is not None and not is_cleared(text) and len(text) >= FRONTIER_MIN_CHARS:
                 return j
     return len(out)
 
