@@ -9,10 +9,9 @@ relay unedited: the savings are in HTTP mode). Nothing is written to the user's 
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Sequence
+
+from proxy.wrap.launch import run_agent
 
 PROVIDER = "context-proxy"
 KEY_ENV = "OPENAI_API_KEY"
@@ -46,8 +45,4 @@ def command(base_url: str, args: Sequence[str], binary: str = "codex") -> list[s
 
 def run(base_url: str, args: Sequence[str]) -> int:
     """Run Codex through the proxy and return its exit code (127 when it is not installed)."""
-    binary = os.environ.get("CONTEXT_PROXY_CODEX") or shutil.which("codex")
-    if binary is None:
-        print("context-proxy wrap codex: codex is not on PATH (npm install -g @openai/codex)", flush=True)
-        return 127
-    return subprocess.call(command(base_url, args, binary))
+    return run_agent("codex", "@openai/codex", lambda binary: command(base_url, args, binary))

@@ -13,13 +13,14 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,11 +64,12 @@ def configured_root(config: str | None) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{server.port}"
 
 
-def _start(config: str | None, upstream: str | None) -> Proxy:
+def _start(config: str | None, upstreams: Sequence[tuple[str, str | None]]) -> Proxy:
     """`context-proxy serve` on a free loopback port; returns once it listens (raises when it does not)."""
     log = Path(tempfile.mkstemp(prefix="context-proxy-wrap-", suffix=".log")[1])
     args = [sys.executable, "-m", "proxy", "serve", "--host", "127.0.0.1", "--port", "0"]
-    args += (["--config", config] if config else []) + (["--upstream", upstream] if upstream else [])
+    args += ["--config", config] if config else []
+    args += [item for flag, url in upstreams if url for item in (flag, url)]
     with log.open("wb") as sink:
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink)
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -90,8 +92,11 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def proxy_for_agent(config: str | None = None, upstream: str | None = None) -> Iterator[Proxy]:
-    """The proxy running where `CONTEXT_PROXY_URL` or the config says, else one started for as long as this lasts."""
+def proxy_for_agent(
+    config: str | None = None, upstream: str | None = None, anthropic_upstream: str | None = None
+) -> Iterator[Proxy]:
+    """The proxy running where `CONTEXT_PROXY_URL` or the config says, else one started for as long as this lasts
+    (always started when an upstream is named)."""
     named = os.environ.get(URL_ENV)
     if named:
         root = named.rstrip("/").removesuffix("/v1")
@@ -100,10 +105,10 @@ def proxy_for_agent(config: str | None = None, upstream: str | None = None) -> I
         yield Proxy(root)
         return
     root = configured_root(config)
-    if upstream is None and is_proxy(root):
+    if upstream is None and anthropic_upstream is None and is_proxy(root):
         yield Proxy(root)
         return
-    proxy = _start(config, upstream)
+    proxy = _start(config, [("--upstream", upstream), ("--anthropic-upstream", anthropic_upstream)])
     try:
         yield proxy
     finally:
@@ -113,11 +118,23 @@ def proxy_for_agent(config: str | None = None, upstream: str | None = None) -> I
             proxy.log.unlink(missing_ok=True)
 
 
+def run_agent(
+    name: str, package: str, command: Callable[[str], list[str]], env: Mapping[str, str] | None = None
+) -> int:
+    """Run the agent `name` (`CONTEXT_PROXY_<NAME>` or PATH's) as `command(binary)`, with `env` over the environment
+    if given; its exit code (127 when it is not installed)."""
+    binary = os.environ.get(f"CONTEXT_PROXY_{name.upper()}") or shutil.which(name)
+    if binary is None:
+        print(f"context-proxy wrap {name}: {name} is not on PATH (npm install -g {package})", flush=True)
+        return 127
+    return subprocess.call(command(binary), env=None if env is None else {**os.environ, **env})
+
+
 def _agents() -> dict[str, Callable[[str, Sequence[str]], int]]:
     """Each agent's runner: its proxy's base URL (ending in /v1) and the user's arguments -> its exit code."""
-    from proxy.wrap import codex
+    from proxy.wrap import claude, codex
 
-    return {"codex": codex.run}
+    return {"claude": claude.run, "codex": codex.run}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", metavar="FILE", help="proxy.toml for the proxy looked for or started")
     parser.add_argument("--upstream", metavar="URL", help="start a proxy forwarding to URL (never reuse one)")
+    parser.add_argument(
+        "--anthropic-upstream", metavar="URL", help="start a proxy forwarding Anthropic requests to URL (without /v1)"
+    )
     parser.add_argument("agent", choices=sorted(_agents()), help="the agent CLI to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments, as you would give them to it")
     return parser
@@ -135,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     try:
-        with proxy_for_agent(args.config, args.upstream) as proxy:
+        with proxy_for_agent(args.config, args.upstream, args.anthropic_upstream) as proxy:
             return _agents()[args.agent](proxy.base_url, args.args)
     except (ConfigError, RuntimeError) as exc:
         print(f"context-proxy wrap: {exc}", file=sys.stderr)

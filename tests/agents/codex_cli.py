@@ -2,25 +2,20 @@
 
 `run_codex` gives it a fresh CODEX_HOME whose config points it at one base URL (the scripted
 upstream, or the proxy in front of it) and turns off everything that would reach elsewhere:
-update checks, analytics, the plugin sync (github.com, chatgpt.com). Under strace (Debian's
-package, which .ci/run installs) every connect and DNS query it makes is recorded, so a test
-can prove it reached nothing but 127.0.0.1.
+update checks, analytics, the plugin sync (github.com, chatgpt.com); it runs under strace
+(agent_cli.run_traced), so a test can prove it reached nothing but 127.0.0.1.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from proxy.wrap.codex import provider_overrides
+from tests.agents.agent_cli import agent_binary, run_traced
 
-REPO = Path(__file__).resolve().parents[2]
 CODEX_VERSION = "0.171.0"
-TIMEOUT_S = 60
 # What the test config adds to the provider `proxy.wrap.codex` names: no OpenAI auth, WebSocket mode tried
 # first (the upstream refuses it, as a server without it does), Codex's own compaction out of the way.
 QUIET = {
@@ -34,15 +29,10 @@ QUIET = {
     "model_auto_compact_token_limit": "900000",
 }
 KEY_ENV = "CONTEXT_PROXY_TEST_KEY"
-_INET = re.compile(r'inet_addr\("([0-9.]+)"\)|inet_pton\(AF_INET6, "([^"]+)"')
 
 
 def codex_binary() -> Path:
-    """The pinned binary: `AGENTS_BIN` or scripts/install_agents.sh's folder; never skipped when absent."""
-    folder = Path(os.environ.get("AGENTS_BIN") or REPO / ".cache" / "agents" / "node_modules" / ".bin")
-    binary = folder / "codex"
-    assert binary.exists(), f"{binary} is missing: run scripts/install_agents.sh (.ci/run does)"
-    return binary
+    return agent_binary("codex")
 
 
 @dataclass
@@ -77,12 +67,8 @@ async def run_codex(base_url: str, prompt: str, home: Path, workdir: Path) -> Co
     home.mkdir(parents=True, exist_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)
     last = home / "last-message.txt"
-    trace = home / "connects.strace"
     command = [str(codex_binary()), *_config_args(base_url), "exec", "--strict-config", "--skip-git-repo-check"]
     command += ["--ephemeral", "-s", "danger-full-access", "-o", str(last), prompt]
-    strace = shutil.which("strace")
-    assert strace, "strace is missing (apt-get install strace; .ci/run does): the loopback check needs it"
-    command = [strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmmsg", "-o", str(trace), *command]
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
@@ -91,28 +77,6 @@ async def run_codex(base_url: str, prompt: str, home: Path, workdir: Path) -> Co
         "NO_COLOR": "1",
         "TERM": "dumb",
     }
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        cwd=workdir,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        _, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    assert process.returncode is not None
+    done = await run_traced(command, env, workdir, home / "connects.strace")
     text = last.read_text() if last.exists() else ""
-    return CodexRun(process.returncode, text.strip(), stderr.decode(errors="replace"), _addresses(trace))
-
-
-def _addresses(trace: Path) -> set[str]:
-    found: set[str] = set()
-    for line in trace.read_text().splitlines() if trace.exists() else ():
-        for v4, v6 in _INET.findall(line):
-            found.add(v4 or v6)
-    return found
+    return CodexRun(done.returncode, text.strip(), done.stderr, done.addresses)

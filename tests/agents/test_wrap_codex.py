@@ -6,16 +6,14 @@ only the provider that points it at the proxy, and gives back Codex's exit code.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
-from tests.agents.codex_cli import REPO, TIMEOUT_S, codex_binary, write_quiet_config
+from tests.agents.agent_cli import run_wrap, serve_local
+from tests.agents.codex_cli import codex_binary, write_quiet_config
 from tests.agents.responses_upstream import FINAL_PREFIX, ScriptedResponses
 from tests.conftest import MakeRig
 
@@ -25,10 +23,8 @@ COMMANDS = ("seq 1 50", "echo wrapped")
 @pytest.fixture
 async def upstream() -> AsyncIterator[tuple[ScriptedResponses, str]]:
     scripted = ScriptedResponses(COMMANDS)
-    runner = web.AppRunner(scripted.app(), handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    yield scripted, f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    runner, root = await serve_local(scripted.app())
+    yield scripted, root + "/v1"
     await runner.cleanup()
 
 
@@ -41,19 +37,9 @@ async def wrap(tmp_path: Path, *args: str, proxy_url: str | None = None) -> tupl
         "HOME": str(home),
         "CODEX_HOME": str(home),
         "OPENAI_API_KEY": "sk-wrapped",
-        "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO)),
     }
-    if proxy_url is not None:
-        env["CONTEXT_PROXY_URL"] = proxy_url
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "wrap", *args, cwd=work, env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
-    assert process.returncode is not None
-    return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    done = await run_wrap(args, env, tmp_path / "work", proxy_url)
+    return done.returncode, done.stdout, done.stderr
 
 
 def exec_args(tmp_path: Path) -> list[str]:

@@ -139,7 +139,7 @@ def _content(sim: Simulator, body: dict[str, Any], request: web.Request) -> list
     return content
 
 
-def _bill(sim: Simulator, request: web.Request, body: dict[str, Any], prompt: int, chain: list) -> dict[str, Any]:
+def bill(sim: Simulator, request: web.Request, body: dict[str, Any], prompt: int, chain: list) -> dict[str, Any]:
     """`usage` by the request's breakpoints: reads of what an earlier request wrote, writes up to the last one."""
     key = request.headers.get("x-api-key") or request.headers.get("Authorization") or ""
     lookups = [(p.digest, p.tokens) for p in lookup_positions(chain)]
@@ -175,7 +175,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     if prompt > window:
         sim.totals.refused += 1
         return anthropic_error(400, f"prompt is too long: {prompt} tokens > {window} maximum")
-    usage = _bill(sim, request, body, prompt, chain)
+    usage = bill(sim, request, body, prompt, chain)
     content = _content(sim, body, request)
     counter = counter_for("o200k_base")
     usage["output_tokens"] = sum(counter.count_text(orjson.dumps(b).decode()) for b in content)
@@ -191,7 +191,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     }  # fmt: skip
     if body.get("stream") is True:
         chunks = max(1, int(number_header(request, "X-Sim-Chunks", sim.config.chunks)))
-        return await _stream(request, _events(message, chunks))
+        return await _stream(request, message_events(message, chunks))
     return await send_json(request, message)
 
 
@@ -219,7 +219,7 @@ def _block_events(index: int, block: dict[str, Any], chunks: int) -> list[dict[s
     return [*events, {"type": "content_block_stop", **at}]
 
 
-def _events(message: dict[str, Any], chunks: int) -> list[dict[str, Any]]:
+def message_events(message: dict[str, Any], chunks: int) -> list[dict[str, Any]]:
     """message_start (usage so far), ping, each block, message_delta (stop reason, final usage), message_stop."""
     usage = message["usage"]
     started = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
