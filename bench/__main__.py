@@ -1,5 +1,6 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|hindsight`
-`|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex [-n N] [--ref REV] [--json FILE]`.
+`|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude
+[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -134,6 +135,12 @@ def _agents_codex(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return asyncio.run(agents_codex.run_agents_codex()), agents_codex.render
 
 
+def _agents_claude(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import agents_claude, agents_codex
+
+    return asyncio.run(agents_claude.run_agents_claude()), agents_codex.render
+
+
 def _state(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import state
 
@@ -147,6 +154,7 @@ COMMANDS: dict[str, Runner] = {
     "savings": _savings,
     "responses": _responses,
     "agents-codex": _agents_codex,
+    "agents-claude": _agents_claude,
     "anthropic": _anthropic,
     "profile": _profile,
     "stall": _stall,

@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import shutil
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -55,13 +56,13 @@ async def run_traced(command: Sequence[str], env: Mapping[str, str], cwd: Path, 
     assert strace, "strace is missing (apt-get install strace; .ci/run does): the loopback check needs it"
     traced = [strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmmsg", "-o", str(trace), *command]
     process = await asyncio.create_subprocess_exec(
-        *traced, cwd=cwd, env=dict(env),
+        *traced, cwd=cwd, env=dict(env), start_new_session=True,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
     except TimeoutError:
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)  # the agent too, not strace alone (its tracees outlive it)
         await process.wait()
         raise
     assert process.returncode is not None

@@ -11,12 +11,14 @@ nothing but 127.0.0.1.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from proxy.config.loader import packaged_models
+from proxy.context.policy import ModelInfo
 from tests.agents.agent_cli import agent_binary, run_traced
 
 CLAUDE_VERSION = "2.1.332"
@@ -36,6 +38,11 @@ QUIET = {
     "NO_COLOR": "1",
     "TERM": "dumb",
 }
+
+
+def claude_rows(window: int) -> tuple[ModelInfo, ...]:
+    """The packaged model table, every Claude row's window set to `window` (prices as shipped)."""
+    return tuple(replace(m, context_window=window) if m.pattern.startswith("claude") else m for m in packaged_models())
 
 
 def claude_binary() -> Path:

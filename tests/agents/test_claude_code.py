@@ -19,10 +19,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.config.loader import packaged_models
 from proxy.demo.simulator.blocks import blocks_of
 from tests.agents.agent_cli import serve_local
-from tests.agents.claude_cli import DEFAULT_MODEL, ClaudeRun, run_claude
+from tests.agents.claude_cli import DEFAULT_MODEL, ClaudeRun, claude_rows, run_claude
 from tests.agents.messages_upstream import FINAL_PREFIX, MAIN, SUB, Received, ScriptedMessages
 from tests.conftest import MakeRig
 from tests.harness import Rig
@@ -39,11 +38,6 @@ SUBAGENT_COMMANDS = (HEX.format("sub-one"), "seq 1 3000", "echo subagent done")
 AGENT_AT = 3  # the main thread's fourth step starts the subagent
 PROXY_WINDOW = 40_000
 PROMPT = "Run the commands the model asks for, then report."
-
-
-def claude_rows(window: int) -> tuple[Any, ...]:
-    """The packaged model table, every Claude row's window set to `window` (prices as shipped)."""
-    return tuple(replace(m, context_window=window) if m.pattern.startswith("claude") else m for m in packaged_models())
 
 
 @pytest.fixture
