@@ -23,7 +23,11 @@ from tests.context.replay import TRACE_NAMES, policy_for
 
 DISCOUNTS = (1.0, 0.5, 0.1)
 WINDOWS = (128000, 32000)
-SETTINGS = (Setting("compact off", policy={"compact": False}), Setting("compact on (default)"))
+SETTINGS = (
+    Setting("compact off", policy={"compact": False}),
+    Setting("compact on (default)"),
+    Setting("mode = lossless", policy={"mode": "lossless"}),
+)
 
 
 def sets() -> dict[str, list[str | Path]]:

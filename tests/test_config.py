@@ -105,6 +105,15 @@ def test_a_session_file_turns_compaction_off_and_a_string_for_it_is_refused(conf
         load_settings(config_dir / "proxy.toml")
 
 
+def test_a_session_file_asks_for_the_lossless_mode_and_an_unknown_mode_is_refused(config_dir: Path) -> None:
+    (config_dir / "sessions" / "careful.toml").write_text('match = ["careful-*"]\n[policy]\nmode = "lossless"\n')
+    settings = load_settings(config_dir / "proxy.toml")
+    assert not settings.policy.lossless and settings.policy_for("careful-1")[0].lossless
+    (config_dir / "sessions" / "careful.toml").write_text('match = ["careful-*"]\n[policy]\nmode = "lossy"\n')
+    with pytest.raises(ConfigError, match=r"careful\.toml:3: \[policy\] mode"):
+        load_settings(config_dir / "proxy.toml")
+
+
 def test_reload_takes_a_good_change_and_keeps_the_last_good_on_a_broken_one(config_dir: Path) -> None:
     holder = ConfigHolder(load_settings(config_dir / "proxy.toml"))
     assert holder.reload_if_changed() is False

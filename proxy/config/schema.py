@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from proxy.context.patterns import pattern_problem
-from proxy.context.policy import TRUNCATIONS
+from proxy.context.policy import MODES, TRUNCATIONS
 from proxy.tokens.encodings import PACKAGED_FILES
 
 T = TypeVar("T")
@@ -70,6 +70,7 @@ RULES: dict[str, Any] = {
     "StateConfig.redis_timeout_ms": Field(gt=0),
     "StateConfig.redis_retry_s": Field(ge=0),
     "Policy.truncation": Literal[TRUNCATIONS],
+    "Policy.mode": Literal[MODES],
     "Policy.high_water": SHARE,
     "Policy.low_water": SHARE,
     "Policy.max_message_share": SHARE,

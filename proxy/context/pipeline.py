@@ -169,7 +169,7 @@ def _epoch_needed(draft: Draft, out: list[Message], counts: list[int]) -> Epoch 
     if policy.soft_budget_tokens and total > policy.soft_budget_tokens:
         reasons.append("soft_budget")
     plan: ClearPlan | None = None
-    if policy.clear_tool_outputs.enabled:
+    if policy.clear_tool_outputs.enabled and (reasons or not policy.lossless):  # lossless: clears only when forced
         plan = Clearing().plan(draft, out, counts, forced=bool(reasons))
     if plan is not None and plan.ids and not reasons:
         reasons.append("clearing")

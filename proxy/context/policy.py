@@ -17,6 +17,10 @@ TRUNCATIONS = (*(strategy.value for strategy in TruncationStrategy), "error")
 
 DEFAULT_ERROR_PATTERNS = (r"^\s*Error", r"^\s*error:", r"^\s*Traceback")
 
+# `default`: every edit that pays; `lossless`: only edits that leave what they remove standing elsewhere in
+# the request (dedup, compaction), unless the window (or the operator's soft budget) forces more.
+MODES = ("default", "lossless")
+
 
 @dataclass(frozen=True)
 class ClearPolicy:
@@ -58,6 +62,7 @@ class CapsulePolicy:
 @dataclass(frozen=True)
 class Policy:
     name: str = "default"
+    mode: str = "default"
     reserve_output_tokens: int = 4096
     truncation: str = "truncate_left"
     high_water: float = 0.90
@@ -77,6 +82,11 @@ class Policy:
     first_edit_risk_turns: float = 0.0
     clear_tool_outputs: ClearPolicy = field(default_factory=ClearPolicy)
     capsules: CapsulePolicy = field(default_factory=CapsulePolicy)
+
+    @property
+    def lossless(self) -> bool:
+        """Nothing is removed that does not still stand elsewhere in the request, unless the window forces it."""
+        return self.mode == "lossless"
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,8 @@ def policy_from_dict(data: dict[str, Any], name: str = "default") -> Policy:
             capsules[key] = tuple(capsules[key])
     data.setdefault("name", name)
     policy = Policy(**data, clear_tool_outputs=ClearPolicy(**clear), capsules=CapsulePolicy(**capsules))
+    if policy.mode not in MODES:
+        raise ValueError(f"policy.mode must be one of {', '.join(MODES)}, not {policy.mode!r}")
     if policy.truncation not in TRUNCATIONS:
         raise ValueError(f"policy.truncation must be one of {', '.join(TRUNCATIONS)}, not {policy.truncation!r}")
     if not 0 < policy.low_water <= policy.high_water <= 1:
