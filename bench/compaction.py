@@ -3,8 +3,11 @@
 Two parts. The transforms: every tool output of every trace compacted against all earlier outputs
 (the most any rule could point at), as a share of the output tokens each removes: runs of lines
 standing in an earlier output, lines repeated back to back. The policy: each set replayed through
-`process` with `compact` on and off (`bench.quality.measure`: the same bills and lost measure as
-`bench quality`), at 128k and 32k, d = 1 / 0.5 / 0.1.
+`process` with `compact` on and off and `mode = "lossless"` (`bench.quality.measure`: the same bills and
+lost measure as `bench quality`), at 128k and 32k, d = 1 / 0.5 / 0.1. And what bounds it at d = 0.1: every
+output compacted against every earlier one, whatever it costs, billed with the same cache model, with the
+newest output as the client sent it (the proxy's rule) and compacted on arrival too (a peer's that edits
+what the agent is shown).
 """
 
 from __future__ import annotations
@@ -12,16 +15,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.quality import Setting, held_out, policy_row
+from bench.quality import Send, Setting, held_out, policy_row
 from bench.stats import table
-from proxy.context.compact import REPEATED, Places, apply
+from proxy.context.compact import REPEATED, Places, apply, sources_of
 from proxy.context.messages import content_text, is_tool_output
 from proxy.context.patterns import compile_patterns
 from proxy.context.tokens import Counter
 from proxy.demo.traces import Trace, load_trace
-from tests.context.replay import TRACE_NAMES, policy_for
+from tests.context.replay import TRACE_NAMES, model, policy_for, run
 
 DISCOUNTS = (1.0, 0.5, 0.1)
+LABEL = "the output of call call_0123456789abcdef above"  # a pointer's label as long as a real call id's
 WINDOWS = (128000, 32000)
 SETTINGS = (
     Setting("compact off", policy={"compact": False}),
@@ -59,14 +63,46 @@ def transforms(traces: list[Trace], counter: Counter) -> dict[str, float]:
     return {"output_tokens": total, "runs": runs_saved / max(1, total), "repeats": repeats_saved / max(1, total)}
 
 
+def every_output_compacted(trace: Trace, newest_too: bool) -> Send:
+    """Each tool output compacted against every earlier one (as the client sent them), sent so from the turn
+    after it arrived, or from its own turn with `newest_too`: the most runs of lines can save, at any cost."""
+    patterns = compile_patterns(policy_for(trace).clear_tool_outputs.observation_patterns)
+    compacted: dict[int, dict] = {}
+    places = Places()
+    for i, message in enumerate(trace.messages):
+        text = content_text(message)
+        if text is None or not is_tool_output(message, patterns):
+            continue
+        if runs := places.runs(text):
+            compacted[id(message)] = {**message, "content": apply(text, runs, dict.fromkeys(sources_of(runs), LABEL))}
+        places.add(i, text)
+
+    def send(request: list[dict]) -> list[dict]:
+        last = len(request) - 1
+        return [compacted.get(id(m), m) if k < last or newest_too else m for k, m in enumerate(request)]
+
+    return send
+
+
+def bound(traces: list[Trace], counter: Counter, newest_too: bool, d: float = 0.1) -> float:
+    """Billed / direct at 128k of `every_output_compacted`."""
+    billed = direct = 0.0
+    for trace in traces:
+        r = run(trace, policy_for(trace), model(128000, d), counter, send=every_output_compacted(trace, newest_too))
+        billed, direct = billed + r.proxied.billed, direct + r.direct.billed
+    return billed / direct
+
+
 def run_compaction() -> dict[str, Any]:
     from proxy.tokens.counter import counter_for
 
     counter = counter_for("o200k_base")
-    result: dict[str, Any] = {"transforms": {}, "rows": []}
+    result: dict[str, Any] = {"transforms": {}, "rows": [], "bounds": {}}
     for name, paths in sets().items():
         traces = [load_trace(p) for p in paths]
         result["transforms"][name] = transforms(traces, counter)
+        bounds = {"newest as sent": bound(traces, counter, False), "newest too": bound(traces, counter, True)}
+        result["bounds"][name] = bounds
         for window in WINDOWS:
             for setting in SETTINGS:
                 result["rows"].append(policy_row(name, setting, window, traces, counter))
@@ -82,6 +118,13 @@ def render(result: dict[str, Any]) -> str:
                 [name, t["output_tokens"], f"{t['runs']:.3f}", f"{t['repeats']:.3f}"]
                 for name, t in result["transforms"].items()
             ],
+        )
+    )
+    lines.append("\nWhat bounds it at d = 0.1, 128k (every output compacted against all earlier ones, at any cost):")
+    lines.append(
+        table(
+            ["set", "newest output as the client sent it", "newest compacted too"],
+            [[name, f"{b['newest as sent']:.3f}", f"{b['newest too']:.3f}"] for name, b in result["bounds"].items()],
         )
     )
     lines.append("\nThe policy (billed / direct, worst trace, lost rate, turns over the window):")

@@ -8,8 +8,10 @@ import pytest
 from proxy.context import ClearPolicy, HeuristicCounter, ModelInfo, Policy
 from proxy.context.compact import REPEATED, Places, Run, apply, decode, encode
 from proxy.context.journal import COMPACTED, Journal
+from proxy.context.messages import is_tool_output
+from proxy.context.patterns import compile_patterns
 from proxy.context.pipeline import process
-from tests.context.lossless import missing_lines
+from tests.context.lossless import expanded, missing_lines
 from tests.context.replay import TRACE_NAMES, load, model, policy_for, run, turns
 
 COUNTER = HeuristicCounter()
@@ -124,3 +126,77 @@ def test_over_every_packaged_trace_every_line_of_every_output_stands_in_the_requ
             for message in request:
                 assert missing_lines(message, sent) == [], name
     assert compacted >= 3
+
+
+def _reads(*versions: dict[int, str], shown: tuple[int, int] | None = None) -> list[dict]:
+    """An agent that reads a 40-line file once per version, each version the lines it changes; the last read
+    shows only lines `shown` (first, last) when given."""
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix the bug."}]
+    lines = _file(1).split("\n")
+    for k, changes in enumerate(versions):
+        for number, line in changes.items():
+            lines[number - 1] = line
+        view = lines[shown[0] - 1 : shown[1]] if shown and k == len(versions) - 1 else lines
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "view", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": "\n".join(view)})
+    messages.append({"role": "assistant", "content": "done"})
+    messages.append({"role": "user", "content": "thanks"})
+    return messages
+
+
+FIRST_EDIT = {n: f"    {n}\tdef function_number_{n}(argument): return argument - {n}  # fixed" for n in (20, 21, 22)}
+SECOND_EDIT = {n: f"    {n}\tdef function_number_{n}(argument): return argument ** {n}  # fixed" for n in (35, 36)}
+
+
+def test_a_third_read_points_at_the_lines_only_the_compacted_second_read_holds():
+    messages = _reads({}, FIRST_EDIT, SECOND_EDIT)
+    last = _replay(messages)[-1]
+    second, third = last.messages[5]["content"], last.messages[7]["content"]
+    assert "[19 lines here are lines 1-19 of the output of call c0 above, unchanged]" in second
+    assert "[3 lines here are lines 2-4 of the output of call c1 above, unchanged]" in third
+    for k in (3, 5, 7):
+        assert expanded(last.messages, k) == messages[k]["content"]
+
+
+def test_when_the_first_read_is_cleared_every_read_pointing_through_it_still_reads_as_the_client_sent_it():
+    """The third read shows only the lines the second changed: it would point at the second's lines 2-4 alone
+    (the second points at the first for the rest); the turn the first is cleared the second stands whole
+    again, and the third points at its lines 20-22 instead."""
+    messages = _reads({}, FIRST_EDIT, {}, shown=(20, 22))
+    messages[2]["tool_calls"][0]["function"]["name"] = "bash"  # only the first read may be cleared
+    for k in range(3, 9):
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "view", "arguments": "{}"}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]}]
+        messages += [{"role": "tool", "tool_call_id": f"c{k}", "content": f"step {k} " + "x y" * 1200}]
+    clears = ClearPolicy(keep_tokens=0, keep_under=0, clear_at_least=200, exclude_tools=("view",))
+    outcomes = _replay(messages, policy=Policy(clear_tool_outputs=clears))
+    assert any(len(o.journal) > 7 and o.journal.decisions[7].kind == COMPACTED for o in outcomes)
+    assert outcomes[-1].messages[3]["content"].startswith("[output cleared")
+    assert (
+        outcomes[-1].messages[7]["content"]
+        == "[3 lines here are lines 20-22 of the output of call c1 above, unchanged]"
+    )
+    for outcome in outcomes:
+        for k in (5, 7):
+            if k < len(outcome.messages) - 1:
+                assert expanded(outcome.messages, k) == messages[k]["content"]
+
+
+@pytest.mark.parametrize("discount", [1.0, 0.1])
+def test_over_every_packaged_trace_each_compacted_output_reads_as_the_client_sent_it_by_its_pointers(
+    discount, real_counter
+):
+    """The default policy, clearing on: a pointer never names lines that stand elsewhere or no longer stand."""
+    for name in TRACE_NAMES:
+        trace = load(name)
+        policy = policy_for(trace)
+        patterns = compile_patterns(policy.clear_tool_outputs.observation_patterns)
+        result = run(trace, policy, model(128000, discount), real_counter)
+        for request, sent, outcome in zip(turns(trace), result.requests, result.outcomes, strict=True):
+            for k, decision in enumerate(outcome.journal.decisions):
+                if decision.kind == COMPACTED:
+                    j = outcome.sources.index(k)
+                    outputs = [s >= 0 and is_tool_output(request[s], patterns) for s in outcome.sources]
+                    reads = expanded(sent, j, outputs)
+                    assert reads == request[k]["content"], (name, k)

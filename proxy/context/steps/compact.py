@@ -41,7 +41,7 @@ class Compaction:
         """Compact new output `i` (not the last message: nothing of it is cached yet); True when it was."""
         if not _candidate(draft, i, _dedup_targets(draft)):
             return False
-        return self._compact(draft, i, _places(draft, i)) is not None
+        return self._compact(draft, i, _places(draft, i, self)) is not None
 
     def after_newest(self, draft: Draft) -> int | None:
         """Compact last request's newest message when that pays; the client index compacted, or None.
@@ -53,7 +53,7 @@ class Compaction:
         if i < 0 or i >= len(draft.messages) - 1 or not _candidate(draft, i, _dedup_targets(draft)):
             return None
         journal = draft.journal
-        runs = _places(draft, i).runs(draft.messages[i]["content"])
+        runs = _places(draft, i, self).runs(draft.messages[i]["content"])
         if not runs:
             return None
         decision = Decision(COMPACTED, reference=encode(runs))
@@ -79,14 +79,32 @@ class Compaction:
         start = 0 if epoch.over_budget else draft.first_decided if draft.first_decided is not None else len(journal)
         targets = _dedup_targets(draft)
         places = Places()
+        changed: set[int] = set()  # outputs whose lines stand differently now: a pointer into one is stale
         for i in visible:
             decision = journal.decisions[i]
-            if decision.kind == COMPACTED and not sources_of(decode(decision.reference)) <= places.texts.keys():
-                draft.decide(i, AS_SENT)  # what it pointed at is gone: its lines stand here again
+            if decision.kind == COMPACTED:
+                sources = sources_of(decode(decision.reference))
+                if not sources <= places.texts.keys() or sources & changed:
+                    draft.decide(i, AS_SENT)  # what it pointed at is gone or moved: its lines stand here again
+                    changed.add(i)
             if i >= start and _candidate(draft, i, targets) and self._compact(draft, i, places) is not None:
                 report.compacted += 1
-            if journal.outputs[i] and journal.decisions[i] is AS_SENT and (text := _text(draft.messages[i])):
+                changed.add(i)
+            if (text := self.standing(draft, i)) is not None:
                 places.add(i, text)
+
+    def standing(self, draft: Draft, j: int) -> str | None:
+        """The text output `j` stands as in the request, to point into: as the client sent it, or compacted
+        (its own lines stand there; a run pointing at them is as findable as one pointing at the original)."""
+        journal = draft.journal
+        if not journal.outputs[j]:
+            return None
+        decision = journal.decisions[j]
+        if decision is AS_SENT:
+            return _text(draft.messages[j])
+        if decision.kind == COMPACTED:
+            return _text(self.emit(draft, j, decision))
+        return None
 
     def _compact(self, draft: Draft, i: int, places: Places) -> Decision | None:
         runs = places.runs(draft.messages[i]["content"])
@@ -121,11 +139,11 @@ def _dedup_targets(draft: Draft) -> set[int]:
     return {d.target for d in draft.journal.decisions if d.kind == DEDUPED}
 
 
-def _places(draft: Draft, i: int) -> Places:
-    """Where the lines of output `i` stand in the outputs before it still sent as the client wrote them."""
-    journal, places = draft.journal, Places(set(draft.messages[i]["content"].split("\n")))
+def _places(draft: Draft, i: int, compaction: Compaction) -> Places:
+    """Where the lines of output `i` stand in the outputs before it, as they are sent (`Compaction.standing`)."""
+    places = Places(set(draft.messages[i]["content"].split("\n")))
     for j in range(i):
-        if journal.outputs[j] and journal.decisions[j] is AS_SENT and (text := _text(draft.messages[j])):
+        if (text := compaction.standing(draft, j)) is not None:
             places.add(j, text)
     return places
 
@@ -133,7 +151,7 @@ def _places(draft: Draft, i: int) -> Places:
 def _label(draft: Draft, source: int, at: int) -> str:
     """How a pointer in output `at` names output `source`: by its call id, else by how many outputs back it is."""
     call = draft.messages[source].get("tool_call_id")
-    if call:
-        return f"the output of call {call} above"
+    if call and not any(m.get("tool_call_id") == call for m in draft.messages[source + 1 : at]):
+        return f"the output of call {call} above"  # the nearest above by that id (a client may reuse one)
     back = sum(draft.journal.outputs[source:at])
     return "the previous output" if back == 1 else f"the output {back} outputs above"
