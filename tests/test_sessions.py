@@ -39,6 +39,9 @@ class FakeJournal:
     def summary(self) -> dict[str, Any]:
         return {"epochs": len(self.entries)}
 
+    def approx_bytes(self) -> int:
+        return 100 * len(self.entries)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FakeJournal:
         return cls(list(data["entries"]))

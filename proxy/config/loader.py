@@ -71,10 +71,16 @@ class ResponsesConfig:
 @dataclass(frozen=True)
 class StateConfig:
     max_sessions: int = 1000
+    # Sessions (journals, turn details, conversations) and body memos together, in this process's memory;
+    # the least recently used sessions are evicted past it. 512 MB holds ~1,500 agent sessions of 2,000
+    # messages and 100 turn details (~330 KB each): more than max_sessions, on any host that runs agents.
+    memory_mb: float = 512
     idle_ttl_s: float = 6 * 3600
     path: str = ""  # SQLite file; empty = memory only
     body_memo_mb: float = 64  # last bodies of recent sessions, so a warm turn parses only what is new; 0 = off
-    max_session_kb: float = 2048  # a session's stored size (SQLite row, Redis value); larger ones stay in memory only
+    # A session's size in memory (~120 bytes a message, more with recall hashes: 8 MB is some 50k messages,
+    # ~1.8 MB stored, what the 2 MB stored bound kept before); past it, it is kept nowhere after its turn.
+    max_session_kb: float = 8192
     redis_url: str = ""  # redis://host:port/db (rediss:// for TLS): sessions shared by every instance and worker
     redis_password_env: str = ""  # env var with the Redis password, when it is not in the URL
     redis_timeout_ms: float = 250  # one Redis call; past it the turn goes on from this process's own state
@@ -84,6 +90,14 @@ class StateConfig:
     @property
     def body_memo_bytes(self) -> int:
         return int(self.body_memo_mb * 1024 * 1024)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_mb * 1024 * 1024)
+
+    @property
+    def max_session_bytes(self) -> int:
+        return int(self.max_session_kb * 1024)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ RULES: dict[str, Any] = {
     "UpstreamConfig.read_timeout_s": Field(gt=0),
     "StateConfig.max_sessions": Field(ge=1),
     "StateConfig.max_session_kb": Field(gt=0),
+    "StateConfig.memory_mb": Field(gt=0),
     "StateConfig.redis_url": AfterValidator(_redis_url),
     "StateConfig.redis_timeout_ms": Field(gt=0),
     "StateConfig.redis_retry_s": Field(ge=0),

@@ -114,7 +114,7 @@ class Draft:
 
     def decide(self, i: int, decision: Decision) -> None:
         """Record a new decision for message `i`, with the tokens it now sends."""
-        self.journal.decisions[i] = decision
+        self.journal.decide(i, decision)
         self.first_decided = i if self.first_decided is None else min(i, self.first_decided)
         emitted = self.emitted(i)
         self.journal.sent[i] = 0 if emitted is None else self.counter.count_message(emitted)

@@ -19,6 +19,13 @@ from proxy.context.recall import RecallIndex
 KEEP, CLEARED, CUT, DEDUPED, DROPPED = "keep", "cleared", "cut", "deduped", "dropped"
 COMPACTED = "compacted"  # lines that stand elsewhere in the request point there (`proxy.context.compact`)
 DIGEST_SIZE = 16
+# What a journal holds in this process's memory, roughly (CPython 3.11, measured with tracemalloc by
+# tests/test_memory_budget.py): per message its digest, two counts and five list slots; per kept output
+# body an entry of `bodies`; per edited decision its object and reference line; per injection its text.
+ENTRY_BYTES = 120
+BODY_BYTES = 150
+DECISION_BYTES = 70
+BLOCK_BYTES = 400  # a capsule of the snapshot, or an injection's own object
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,12 @@ class Decision:
 
 AS_SENT = Decision()  # the decision of a message sent exactly as the client wrote it
 _SIMPLE = {KEEP: AS_SENT, CLEARED: Decision(CLEARED), DROPPED: Decision(DROPPED)}
+
+
+def _weight(decision: Decision) -> int:
+    """Bytes a decision adds to its journal: nothing for a simple one (one object shared by all), else its
+    object and reference (a dedup line, compacted runs, a stub's kept lines)."""
+    return 0 if decision.kind in _SIMPLE and not decision.reference else DECISION_BYTES + len(decision.reference)
 
 
 @dataclass(frozen=True)
@@ -150,6 +163,8 @@ class Journal:
     # Billed input tokens the edits have saved this session so far, by our own counts (negative: they
     # cost more than they saved): what an edit that does not pay at once may spend (`economics.within_budget`).
     banked: float = 0.0
+    # The `_weight` of every decision, kept as decisions change (`decide`), so `approx_bytes` walks nothing.
+    edit_bytes: int = 0
 
     def __len__(self) -> int:
         return len(self.digests)
@@ -170,7 +185,24 @@ class Journal:
             unpaid_bound=self.unpaid_bound,
             recall=self.recall.copy(),
             banked=self.banked,
+            edit_bytes=self.edit_bytes,
         )
+
+    def approx_bytes(self) -> int:
+        """What the journal holds in memory, roughly: a few sums of lengths, no walk over its entries."""
+        return (
+            ENTRY_BYTES * len(self.digests)
+            + BODY_BYTES * len(self.bodies)
+            + self.edit_bytes
+            + sum(BLOCK_BYTES + len(j.text) for j in self.injections)
+            + BLOCK_BYTES * len(self.snapshot)
+            + self.recall.approx_bytes()
+        )
+
+    def decide(self, i: int, decision: Decision) -> None:
+        """Message `i` is now sent as `decision` says."""
+        self.edit_bytes += _weight(decision) - _weight(self.decisions[i])
+        self.decisions[i] = decision
 
     def align(self, digests: Sequence[bytes]) -> int:
         """Keep the longest prefix matching `digests`, forget the rest; return its length."""
@@ -187,6 +219,7 @@ class Journal:
 
     def cut(self, n: int) -> None:
         """Forget messages from index `n` on, the injections anchored there and what they carried."""
+        self.edit_bytes -= sum(_weight(d) for d in self.decisions[n:])
         for name in ("digests", "tokens", "sent", "outputs", "decisions"):
             del getattr(self, name)[n:]
         self.bodies = {body: i for body, i in self.bodies.items() if i < n}
@@ -201,6 +234,7 @@ class Journal:
         self.sent.append(sent)
         self.outputs.append(output)
         self.decisions.append(decision)
+        self.edit_bytes += _weight(decision)
 
     def record(self, report: TurnReport) -> None:
         self.turn = report.turn
@@ -236,7 +270,7 @@ class Journal:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Journal:
         raw = base64.b64decode(data.get("digests", ""))
-        return cls(
+        journal = cls(
             digests=[raw[i : i + DIGEST_SIZE] for i in range(0, len(raw), DIGEST_SIZE)],
             tokens=[int(t) for t in data.get("tokens", [])],
             sent=[int(t) for t in data.get("sent", [])],
@@ -251,3 +285,5 @@ class Journal:
             recall=RecallIndex.from_dict(data.get("recall", {})),
             banked=float(data.get("banked", 0.0)),
         )
+        journal.edit_bytes = sum(_weight(d) for d in journal.decisions)
+        return journal

@@ -23,6 +23,7 @@ _CHUNK = re.compile(r"[\w./-]+")
 _PARTS = re.compile(r"[./-]+")
 _LETTER = re.compile(r"[^\W\d]")
 _LEADING_DIGITS = re.compile(r"\d+")
+HASH_BYTES = 65  # one hash of `RecallIndex` in memory (a 48-bit int and its set slot)
 
 # Words of prose, Python and the shell too common to tell one output from another.
 _COMMON_WORDS = """
@@ -182,6 +183,10 @@ class RecallIndex:
     misses: int = 0
     reruns: int = 0
     heat: float = 0.0
+
+    def approx_bytes(self) -> int:
+        """What the index holds in memory, roughly (a set entry and its int: measured ~65 bytes)."""
+        return HASH_BYTES * (len(self.removed) + len(self.cleared_calls))
 
     def copy(self) -> RecallIndex:
         return RecallIndex(set(self.removed), set(self.cleared_calls), self.misses, self.reruns, self.heat)

@@ -29,6 +29,7 @@ from proxy.service.chains import ResponseChains, UneditedTurn
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold
 from proxy.service.scheduling import EnginePool, SessionGates
 from proxy.state import SessionStore, conversations, store_from_config
+from proxy.state.memory import HELD as MEMORY_HELD
 from proxy.state.sessions import (
     FINGERPRINT_PREFIX,
     SESSION_HEADER,
@@ -47,6 +48,9 @@ T = TypeVar("T")
 # What one journal entry weighs in a turn's cost (`proxy.service.scheduling`): each turn copies the journal,
 # about as costly per entry as parsing this many bytes of body.
 JOURNAL_ENTRY_COST = 64
+# The body memos take at most this fraction of `[state] memory_mb` (a quarter: 128 MB of the default 512, more
+# than body_memo_mb's 64); the sessions have the rest and whatever the memos leave unused.
+MEMO_SHARE = 4
 
 MAX_FALLBACK_WARNINGS = 256  # model names come from clients: warned about once each, up to this many
 TOKENS_BEFORE = METRICS.counter(
@@ -102,7 +106,9 @@ class EngineService:
         self.store = store
         self.calibration = Calibration()
         self.cuts = CutCache()
-        self.bodies = BodyMemos(holder.settings.state.body_memo_bytes)
+        state = holder.settings.state
+        self.bodies = BodyMemos(min(state.body_memo_bytes, state.memory_bytes // MEMO_SHARE))
+        store.also_held = lambda: self.bodies.held  # the memos count against the sessions' `memory_mb`
         self.chains = ResponseChains()  # which session a `previous_response_id` continues
         self.pool = EnginePool()
         self.gates = SessionGates()
@@ -123,6 +129,7 @@ class EngineService:
         parse = functools.partial(self._parse, raw, dialect, path_session, headers, credential, client)
         request = await self.pool.run(parse, cost=len(raw), client=client)
         async with self.gates.held(request.key):
+            await self.store.restore(request.key)  # evicted for room: back from a store that keeps it
             session = self._session(request)
             cost = request.size + request.capsule_bytes + JOURNAL_ENTRY_COST * len(session.journal)
             run = functools.partial(self._run, request, session, cost)
@@ -140,9 +147,11 @@ class EngineService:
         return self._parse_chat(raw, path_session, headers, _client(credential))
 
     def _parse_chat(self, raw: bytes, path_session: str | None, headers: Mapping[str, str], client: str) -> Parsed:
-        self.bodies.budget = self.holder.settings.state.body_memo_bytes  # follows a config reload
+        state = self.holder.settings.state  # follows a config reload
+        self.bodies.budget = min(state.body_memo_bytes, state.memory_bytes // MEMO_SHARE)
         scope = f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
         parsed = self.bodies.parse(raw, scope)
+        MEMORY_HELD.set(self.bodies.held, part="body_memos")
         if parsed.reused:
             MESSAGES_REUSED.inc(parsed.reused)
         return parsed

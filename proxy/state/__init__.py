@@ -24,7 +24,13 @@ def store_from_config(config: StateConfig, **kwargs: Any) -> SessionStore:
         from proxy.state.redis import RedisStore  # redis-py is imported only by those who use it
 
         return RedisStore.from_config(config, **kwargs)
-    bounds = {"max_sessions": config.max_sessions, "idle_ttl_s": config.idle_ttl_s, **kwargs}
+    bounds = {
+        "max_sessions": config.max_sessions,
+        "max_bytes": config.memory_bytes,
+        "max_session_bytes": config.max_session_bytes,
+        "idle_ttl_s": config.idle_ttl_s,
+        **kwargs,
+    }
     if config.path:
-        return SqliteStore(path=config.path, max_session_kb=config.max_session_kb, **bounds)
+        return SqliteStore(path=config.path, **bounds)
     return SessionStore(**bounds)

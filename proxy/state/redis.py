@@ -14,7 +14,7 @@ failure is counted, `/healthz` says "degraded", and for `redis_retry_s` turns go
 this process's own copy (edited as usual) without calling Redis. The next call after that
 tries again; when it succeeds the state is shared again (a process whose copy is behind
 re-aligns on its next turn). Keys expire with the idle TTL; a session's stored journal is
-bounded by `max_session_kb` (a larger one is dropped from Redis and kept in memory only),
+bounded by `max_session_kb` (a larger one is dropped from Redis, and from memory after its turn),
 its turn details by `MAX_TURNS_KEPT`.
 """
 
@@ -146,7 +146,6 @@ class RedisStore(SessionStore):
         password: str | None = None,
         timeout_s: float = 0.25,
         retry_s: float = 1.0,
-        max_session_kb: float = 2048,
         cluster: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -154,7 +153,6 @@ class RedisStore(SessionStore):
         self.url = url
         self.timeout_s = timeout_s
         self.retry_s = retry_s
-        self.max_bytes = int(max_session_kb * 1024)
         self.cluster = cluster
         self.client = _client(url, password, timeout_s, cluster)
         self._commit = self.client.register_script(_COMMIT)
@@ -176,9 +174,10 @@ class RedisStore(SessionStore):
             password=password or None,
             timeout_s=config.redis_timeout_ms / 1000,
             retry_s=config.redis_retry_s,
-            max_session_kb=config.max_session_kb,
             cluster=config.redis_cluster,
             max_sessions=config.max_sessions,
+            max_bytes=config.memory_bytes,
+            max_session_bytes=config.max_session_bytes,
             idle_ttl_s=config.idle_ttl_s,
             **kwargs,
         )
@@ -203,6 +202,11 @@ class RedisStore(SessionStore):
             self._problem = None
 
     def _forgotten(self, session_id: str) -> None:
+        self._versions.pop(session_id, None)
+
+    def _evicted(self, session_id: str) -> None:
+        """Its next turn starts from an empty copy, which Redis refuses to commit over: the turn is re-run on
+        the stored journal (`_adopt`), as when another process wrote it."""
         self._versions.pop(session_id, None)
 
     async def _write_turn(self, turn: StoredTurn) -> None:
@@ -264,9 +268,9 @@ class RedisStore(SessionStore):
         else:
             journal = journal_bytes(session)
         state = orjson.dumps(fields)[:-1] + b',"journal":' + journal + b"}"
-        if len(state) > self.max_bytes:
+        if len(state) > self.max_session_bytes:
             STATE_TOO_LARGE.inc(store="redis")
-            log.warning("session %s is over state.max_session_kb; kept in this process only", session.id)
+            log.warning("session %s is over state.max_session_kb; not stored", session.id)
             return None
         return state
 

@@ -22,6 +22,9 @@ FINGERPRINT_PREFIX = "fp-"
 _FINGERPRINT = re.compile(r"fp-[0-9a-f]{32}")  # what `fingerprint` makes; a client-named id never has this form
 # Turn statistics kept per session; older turns are dropped from the report, never from the journal.
 MAX_TURNS_KEPT = 100  # per-turn detail kept for /sessions/{id}; totals cover every turn
+# A session's own objects in memory, and one turn's details (its report and diff), measured with tracemalloc.
+SESSION_BYTES = 2048
+TURN_BYTES = 800
 
 
 def sanitize_session_id(raw: Any) -> str | None:
@@ -192,6 +195,12 @@ class Session:
     overflows_rescued: int = 0
     # Held while a turn is prepared: the engine may run on a worker thread (large bodies) and on the loop.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # What the store last counted this session as holding (`approx_bytes` when it last changed).
+    held_bytes: int = field(default=0, repr=False, compare=False)
+
+    def approx_bytes(self) -> int:
+        """What the session holds in memory, roughly: its journal's sums of lengths and its turn details."""
+        return SESSION_BYTES + 2 * len(self.id) + TURN_BYTES * len(self.turns) + self.journal.approx_bytes()
 
     def add_turn(self, stats: TurnStats, *, retry: bool = False) -> None:
         """A new turn; `retry`: the client sent the last one again (it got no answer): it takes its place."""

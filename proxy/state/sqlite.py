@@ -5,13 +5,15 @@ sessions); after that the event loop never touches it. Each change queues the se
 one writer thread, which writes the newest state of every queued session in one
 transaction. A locked or failing file never delays a turn: the writer keeps the queue and
 retries with backoff, `/healthz` says why the state is degraded, and no queued session is
-lost once the file is writable again. The file keeps the same sessions as memory (LRU,
-`max_sessions`), and a session bigger than `max_session_kb` stays in memory only, so the
-file stays under about max_sessions x max_session_kb.
+lost once the file is writable again. The file keeps the `max_sessions` most recent sessions,
+more than memory may hold (`memory_mb`): a session evicted from memory for room keeps its row and
+is read back, off the loop, when its next turn comes (`restore`). A session bigger than
+`max_session_kb` is kept nowhere, so the file stays under about max_sessions x max_session_kb.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import threading
@@ -21,6 +23,7 @@ from typing import Any
 from proxy.config.loader import ConfigError
 from proxy.metrics import METRICS
 from proxy.state.codec import FIELDS, journal_bytes, session_from, totals_bytes, turns_bytes
+from proxy.state.conversations import session_key
 from proxy.state.memory import SessionStore
 from proxy.state.sessions import Session
 
@@ -30,7 +33,10 @@ STATE_FAILURES = METRICS.counter(
     "context_proxy_state_failures_total", "Session store writes or reads that failed (the turn went on)", ("store",)
 )
 STATE_TOO_LARGE = METRICS.counter(
-    "context_proxy_state_too_large_total", "Sessions past state.max_session_kb, kept in memory only", ("store",)
+    "context_proxy_state_too_large_total", "Sessions past state.max_session_kb, not stored", ("store",)
+)
+RESTORED = METRICS.counter(
+    "context_proxy_sessions_restored_total", "Sessions evicted from memory for room, read back from the state file"
 )
 
 _SCHEMA = """
@@ -60,12 +66,16 @@ class SqliteStore(SessionStore):
 
     persistent = True
 
-    def __init__(self, *, path: str | Path, max_session_kb: float = 2048, **kwargs: Any) -> None:
+    def __init__(self, *, path: str | Path, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.path = str(path)
-        self.max_bytes = int(max_session_kb * 1024)
         self._queue: dict[str, Session | None] = {}
-        self._writing = 0  # sessions of the batch being written: pending until the write returns
+        self._batch: dict[str, Session | None] = {}  # being written: pending until the write returns
+        # Sessions evicted from memory whose newest state is in the file (or queued for it), by the key of the
+        # session they belong to (a conversation's key: its session's), oldest first; at most max_sessions.
+        self._restorable: dict[str, set[str]] = {}
+        self._reader: sqlite3.Connection | None = None  # restores read on their own connection
+        self._reading = threading.Lock()
         self._wake = threading.Condition()
         self._closed = False
         self._problem: str | None = None
@@ -84,10 +94,54 @@ class SqliteStore(SessionStore):
     def pending(self) -> int:
         """Sessions queued or being written, not yet known to be written."""
         with self._wake:
-            return len(self._queue) + self._writing
+            return len(self._queue) + len(self._batch)
 
-    def save(self, session: Session) -> None:
-        self._enqueue(session.id, session)
+    def save(self, session: Session) -> bool:
+        held = super().save(session)
+        if held or session.id in self._restorable.get(session_key(session.id), ()):  # evicted mid-turn: written
+            self._enqueue(session.id, session)
+        return held
+
+    async def restore(self, session_id: str) -> None:
+        with self._lock:
+            keys = self._restorable.pop(session_id, None)
+        if not keys:
+            return
+        with self._wake:  # a state not yet written is the newest one
+            pending = {key: self._queue.get(key) or self._batch.get(key) for key in keys}
+        found = {key: session for key, session in pending.items() if session is not None}
+        unread = [key for key in keys if key not in found]
+        if unread:
+            found.update(await asyncio.to_thread(self._read, unread))
+        with self._lock:
+            for key, session in found.items():
+                if key not in self._sessions:
+                    self._sessions[key] = session
+                    self._hold(session)
+            self._fit()
+        RESTORED.inc(len(found))
+
+    def _read(self, keys: list[str]) -> dict[str, Session]:
+        """The stored sessions of `keys` (on a worker thread: never the loop)."""
+        marks = ",".join("?" * len(keys))
+        try:
+            with self._reading:
+                if self._reader is None:
+                    self._reader = sqlite3.connect(self.path, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000)
+                rows = self._reader.execute(f"SELECT * FROM sessions WHERE id IN ({marks})", keys).fetchall()
+        except sqlite3.Error as exc:
+            STATE_FAILURES.inc(store="sqlite")
+            log.error("state file %s: an evicted session could not be read back (%s); it starts afresh", self.path, exc)
+            return {}
+        return {session.id: session for session in map(self._decoded, rows) if session is not None}
+
+    def _decoded(self, row: tuple) -> Session | None:
+        try:
+            fields = dict(zip(FIELDS, row[1:8], strict=True))
+            return session_from(row[0], fields, row[8], row[9], self._journal_from_dict, totals=row[10])
+        except (ValueError, TypeError, KeyError) as exc:
+            log.error("session state unreadable, starting it afresh: %s", exc)
+            return None
 
     def close(self) -> None:
         """Write what is queued (one last try) and close the file."""
@@ -95,9 +149,20 @@ class SqliteStore(SessionStore):
             self._closed = True
             self._wake.notify()
         self._writer.join(timeout=5)
+        if self._reader is not None:
+            self._reader.close()
 
     def _forgotten(self, session_id: str) -> None:
         self._enqueue(session_id, _DELETE)
+        keys = self._restorable.get(session_key(session_id))
+        if keys is not None:
+            keys.discard(session_id)
+
+    def _evicted(self, session_id: str) -> None:
+        owner = session_key(session_id)
+        self._restorable.setdefault(owner, set()).add(session_id)
+        while len(self._restorable) > self.max_sessions:  # the file keeps no more than these
+            del self._restorable[next(iter(self._restorable))]
 
     def _enqueue(self, session_id: str, session: Session | None) -> None:
         with self._wake:
@@ -105,25 +170,27 @@ class SqliteStore(SessionStore):
             self._wake.notify()
 
     def _preload(self) -> None:
-        """The most recent `max_sessions` sessions that have not expired; nothing is read after this."""
+        """The most recent `max_sessions` sessions that have not expired, as many as fit the memory budget (the
+        others are read back when their turn comes); the loop reads nothing else from the file."""
         cutoff = self.clock() - self.idle_ttl_s
+        loaded: list[Session] = []
         try:
             rows = self._db.execute(
                 "SELECT * FROM sessions WHERE last_seen >= ? ORDER BY last_seen DESC LIMIT ?",
                 (cutoff, self.max_sessions),
-            ).fetchall()
+            )
+            for row in rows:
+                if self.held > self.max_bytes:
+                    self._evicted(row[0])
+                elif (session := self._decoded(row)) is not None:
+                    self._hold(session)
+                    loaded.append(session)
         except sqlite3.Error as exc:
             self._failed(f"state file {self.path} unreadable at start ({exc}); starting without its sessions")
-            return
-        for row in reversed(rows):  # least recent first, as the LRU keeps them
-            key, journal, turns = row[0], row[8], row[9]
-            try:
-                fields = dict(zip(FIELDS, row[1:8], strict=True))
-                session = session_from(key, fields, journal, turns, self._journal_from_dict, totals=row[10])
-            except (ValueError, TypeError, KeyError) as exc:
-                log.error("session state unreadable, starting it afresh: %s", exc)
-                continue
-            self._sessions[key] = session
+        for session in reversed(loaded):  # least recent first, as the LRU keeps them
+            self._sessions[session.id] = session
+        self._restorable = dict(reversed(self._restorable.items()))  # oldest first
+        self._fit()
 
     def _write_loop(self) -> None:
         delay = _RETRY_S[0]
@@ -132,15 +199,15 @@ class SqliteStore(SessionStore):
                 while not self._queue and not self._closed:
                     self._wake.wait()
                 closing = self._closed
-                batch, self._queue = self._queue, {}
-                self._writing = len(batch)
+                batch = self._batch = self._queue
+                self._queue = {}
             try:
                 if batch:
                     self._write(batch)
             except sqlite3.Error as exc:
                 with self._wake:  # keep what failed unless a newer state was queued meanwhile
                     self._queue = {**batch, **self._queue}
-                    self._writing = 0
+                    self._batch = {}
                     self._failed(f"state file {self.path} not writable ({exc}); {len(self._queue)} sessions queued")
                     if not closing:
                         self._wake.wait(timeout=delay)
@@ -149,7 +216,7 @@ class SqliteStore(SessionStore):
                 if self._problem is not None:
                     log.warning("state file %s is writable again; the queued sessions are written", self.path)
                 with self._wake:
-                    self._problem, self._writing, delay = None, 0, _RETRY_S[0]
+                    self._problem, self._batch, delay = None, {}, _RETRY_S[0]
             if closing:
                 self._db.close()
                 return
@@ -182,9 +249,9 @@ class SqliteStore(SessionStore):
 
     def _row(self, session: Session) -> tuple | None:
         journal, turns = journal_bytes(session), turns_bytes(session)
-        if len(journal) + len(turns) > self.max_bytes:
+        if len(journal) + len(turns) > self.max_session_bytes:
             STATE_TOO_LARGE.inc(store="sqlite")
-            log.warning("session %s is over state.max_session_kb; kept in memory only", session.id)
+            log.warning("session %s is over state.max_session_kb; not stored", session.id)
             return None
         return (session.id, *(getattr(session, name) for name in FIELDS), journal, turns, totals_bytes(session))
 
