@@ -109,8 +109,12 @@ async def test_a_plain_install_serves_from_any_folder_with_its_packaged_config(
     )
     try:
         port = listening_port(process)
-        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/healthz") as response:
-            assert response.status == 200
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
+                assert response.status == 200
+            for path in ("/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css"):  # the wheel holds them
+                async with http.get(f"http://127.0.0.1:{port}{path}") as response:
+                    assert response.status == 200 and len(await response.read()) > 1000, path
     finally:
         process.terminate()
         process.wait(timeout=10)

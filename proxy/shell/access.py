@@ -5,8 +5,9 @@ key takes effect without a restart). A client presents one as `Authorization: Be
 `x-api-key` (Anthropic's SDKs and Claude Code send their key so) or, when its own credential
 is an upstream key, as `X-Proxy-Key`. A proxy key is never forwarded: the header that
 carried it is removed (the upstream gets the configured key, or none). `/healthz`, `/metrics` and
-`/sessions` are not gated by proxy keys: the last two answer `admin_denied` (an admin token, or
-loopback clients only).
+`/sessions` are not gated by proxy keys: the admin routes (`/metrics`, `/sessions`, `/stats`, `/dashboard`)
+answer `admin_denied` (an admin token, or loopback clients only). A browser presents the token as the
+`ADMIN_COOKIE` the dashboard sets (`shell/dashboard.py`), any other client as `Authorization: Bearer`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from proxy.config.loader import ConfigHolder, Settings
 from proxy.errors import InvalidRequest, ProxyError, error_response
 
 PROXY_KEY_HEADER = "X-Proxy-Key"
+ADMIN_COOKIE = "context_proxy_admin"  # the admin token as a browser holds it (HttpOnly, SameSite=Strict)
 GATED_PREFIXES = ("/v1/", "/s/")
 _LINE_BREAK = re.compile(r"[\r\n\x00]")
 
@@ -133,12 +135,23 @@ def check_request(request: web.Request, settings: Settings) -> ProxyError | tupl
     return _without(request.headers, *carriers), key  # the proxy key is not the upstream's credential
 
 
-def admin_denied(request: web.Request, settings: Settings) -> web.Response | None:
-    """/metrics and /sessions: the admin token when configured, else loopback clients only."""
+def admin_token(settings: Settings) -> str | None:
+    """The admin token in force: None when none is configured (loopback clients only), "" when its variable is unset."""
     env = settings.server.admin_token_env
-    if env:
-        token = os.environ.get(env, "")
-        if token and hmac.compare_digest(authorization_token(request.headers).encode(), token.encode()):
+    return os.environ.get(env, "") if env else None
+
+
+def is_admin_token(presented: str, settings: Settings) -> bool:
+    token = admin_token(settings)
+    return bool(token) and hmac.compare_digest(presented.encode(), str(token).encode())
+
+
+def admin_denied(request: web.Request, settings: Settings) -> web.Response | None:
+    """The admin routes: the admin token (as a Bearer token, or the dashboard's cookie) when configured, else
+    loopback clients only."""
+    if admin_token(settings) is not None:
+        presented = (authorization_token(request.headers), request.cookies.get(ADMIN_COOKIE, ""))
+        if any(is_admin_token(value, settings) for value in presented):
             return None
         return error_response(401, "This route needs the proxy's admin token.", "invalid_admin_token")
     if is_loopback(request.remote):
