@@ -1,6 +1,6 @@
-"""`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|stall|ab|smoke|quality|hindsight`
-`|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude
-[-n N] [--ref REV] [--json FILE]`.
+"""`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|request-profile|stall|ab|smoke`
+`|quality|hindsight|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude`
+`[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
 """
@@ -61,6 +61,12 @@ def _profile(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import profile
 
     return profile.run_profile(turns=ns.n or 60), profile.render
+
+
+def _request_profile(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import request_profile
+
+    return request_profile.run_request_profile(n=ns.n or 1600), request_profile.render
 
 
 def _stall(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -157,6 +163,7 @@ COMMANDS: dict[str, Runner] = {
     "agents-claude": _agents_claude,
     "anthropic": _anthropic,
     "profile": _profile,
+    "request-profile": _request_profile,
     "stall": _stall,
     "ab": _ab,
     "smoke": _smoke,

@@ -49,12 +49,35 @@ async def _start(ns: argparse.Namespace) -> tuple[web.AppRunner, int, str]:
     return runner, port, engine
 
 
+def _profile_on_signals(loop: asyncio.AbstractEventLoop, path: str) -> None:
+    """SIGUSR1 starts sampling this process's CPU (bench/cpu_sampler.py), SIGUSR2 stops it and writes `path`."""
+    from pathlib import Path
+
+    from bench.cpu_sampler import CpuSampler
+
+    sampler: list[CpuSampler] = []
+
+    def start() -> None:
+        sampler[:] = [CpuSampler()]
+        sampler[0].start()
+
+    def stop() -> None:
+        if sampler:
+            sampler[0].stop()
+            sampler.pop().dump(Path(path))
+
+    loop.add_signal_handler(signal.SIGUSR1, start)
+    loop.add_signal_handler(signal.SIGUSR2, stop)
+
+
 async def _main(ns: argparse.Namespace) -> None:
     runner, port, engine = await _start(ns)
-    print(f"PORT {port}", flush=True)
-    print(f"ENGINE {engine}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    if ns.profile:
+        _profile_on_signals(loop, ns.profile)
+    print(f"PORT {port}", flush=True)
+    print(f"ENGINE {engine}", flush=True)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
@@ -70,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upstream", default="", help="base URL ending in /v1 (relay, proxy)")
     parser.add_argument("--chunks", type=int, default=16, help="simulator: content chunks per streamed answer")
     parser.add_argument("--passthrough", action="store_true", help="proxy: no context engine")
+    parser.add_argument("--profile", metavar="FILE", help="relay, proxy: sample CPU between SIGUSR1 and SIGUSR2")
     ns = parser.parse_args(argv)
     asyncio.run(_main(ns))
 
