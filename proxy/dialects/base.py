@@ -46,6 +46,8 @@ class Usage:
         """What this input cost at `model`'s prices, 1-hour cache writes at the 1-hour price."""
         hour = min(self.written_1h, self.written)
         rest = input_cost_usd(model, self.prompt - hour, self.cached, self.written - hour)
+        if not hour:  # the usual case: no model re-priced per usage record
+            return rest
         return rest + input_cost_usd(writes_at(model, HOUR_WRITE_FACTOR), hour, 0, hour)
 
 

@@ -84,11 +84,13 @@ async def chunks(request: web.Request, settings: Settings) -> AsyncIterator[byte
     """The body as it arrives; a client silent for `body_timeout_s` mid-body gets 408."""
     content, timeout = request.content, settings.server.body_timeout_s
     while True:
-        try:
-            async with asyncio.timeout(timeout):
-                chunk = await content.readany()
-        except TimeoutError:
-            raise body_timeout(settings) from None
+        chunk = content.read_nowait()  # what has arrived already: no timer to arm (a small body is all here)
+        if not chunk and not content.at_eof():
+            try:
+                async with asyncio.timeout(timeout):
+                    chunk = await content.readany()
+            except TimeoutError:
+                raise body_timeout(settings) from None
         if not chunk:
             return
         yield chunk
