@@ -19,12 +19,13 @@ from pathlib import Path
 from bench.agents_codex import _HEX, Run, drive, each_window
 from bench.agents_codex import commands as codex_commands
 from proxy.config.loader import Settings, packaged_models
-from tests.agents.claude_cli import DEFAULT_MODEL, claude_rows, run_claude
+from tests.agents.claude_cli import DEFAULT_MODEL, ClaudeRun, claude_rows, run_claude
 from tests.agents.messages_upstream import FINAL_PREFIX, MAIN, ScriptedMessages, step_of
 
 WINDOWS = (200_000, 32_000)
 PROMPT = "Run the commands the model asks for, then report."
 AGENT_AT = 22
+RUN_TIMEOUT_S = 240
 
 
 def commands() -> list[str]:
@@ -33,6 +34,14 @@ def commands() -> list[str]:
 
 
 SUBAGENT_COMMANDS = (_HEX.format("sub", 120), "seq 1 1500", "ls -la /usr/bin | head -80", "echo subagent done")
+
+
+async def _claude(base: str, home: Path, work: Path) -> ClaudeRun:
+    """A run, or its failure when it does not end within RUN_TIMEOUT_S (killed: exit -9)."""
+    try:
+        return await run_claude(base, PROMPT, home, work, timeout_s=RUN_TIMEOUT_S)
+    except TimeoutError:
+        return ClaudeRun(-9, {}, f"killed after {RUN_TIMEOUT_S} s", set())
 
 
 def _prices() -> tuple[float, float, float]:
@@ -45,7 +54,7 @@ async def one_run(window: int, proxied: bool, folder: Path) -> Run:
     mode = "proxied" if proxied else "direct"
     home, work = folder / f"home-{mode}-{window}", folder / f"work-{mode}-{window}"
     done, seconds = await drive(
-        scripted.app(), claude_rows(window) if proxied else None, lambda base: run_claude(base, PROMPT, home, work)
+        scripted.app(), claude_rows(window) if proxied else None, lambda base: _claude(base, home, work)
     )
     run = Run(mode, window, len(commands()), _prices(), returncode=done.returncode, seconds=seconds)
     run.answered, run.answer = done.answer.startswith(FINAL_PREFIX), done.answer

@@ -50,8 +50,10 @@ class Traced:
     addresses: set[str]
 
 
-async def run_traced(command: Sequence[str], env: Mapping[str, str], cwd: Path, trace: Path) -> Traced:
-    """`command` under strace in `cwd` with exactly `env`, killed past `TIMEOUT_S`."""
+async def run_traced(
+    command: Sequence[str], env: Mapping[str, str], cwd: Path, trace: Path, timeout_s: float = TIMEOUT_S
+) -> Traced:
+    """`command` under strace in `cwd` with exactly `env`, killed past `timeout_s` (TimeoutError)."""
     strace = shutil.which("strace")
     assert strace, "strace is missing (apt-get install strace; .ci/run does): the loopback check needs it"
     traced = [strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmmsg", "-o", str(trace), *command]
@@ -60,7 +62,7 @@ async def run_traced(command: Sequence[str], env: Mapping[str, str], cwd: Path, 
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout_s)
     except TimeoutError:
         os.killpg(process.pid, signal.SIGKILL)  # the agent too, not strace alone (its tracees outlive it)
         await process.wait()

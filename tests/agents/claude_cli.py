@@ -19,7 +19,7 @@ import orjson
 
 from proxy.config.loader import packaged_models
 from proxy.context.policy import ModelInfo
-from tests.agents.agent_cli import agent_binary, run_traced
+from tests.agents.agent_cli import TIMEOUT_S, agent_binary, run_traced
 
 CLAUDE_VERSION = "2.1.332"
 DEFAULT_MODEL = "claude-opus-5-5"  # what 2.1.332 asks for when no --model is given
@@ -81,12 +81,14 @@ def print_args(prompt: str, model: str | None = None) -> list[str]:
     return args + (["--model", model] if model else [])
 
 
-async def run_claude(base_url: str, prompt: str, home: Path, workdir: Path, model: str | None = None) -> ClaudeRun:
+async def run_claude(
+    base_url: str, prompt: str, home: Path, workdir: Path, model: str | None = None, timeout_s: float = TIMEOUT_S
+) -> ClaudeRun:
     """`claude -p PROMPT --output-format json` against `base_url` (the root, no /v1), in `workdir`."""
     home.mkdir(parents=True, exist_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)
     command = [str(claude_binary()), *print_args(prompt, model)]
-    done = await run_traced(command, claude_env(home, base_url), workdir, home / "connects.strace")
+    done = await run_traced(command, claude_env(home, base_url), workdir, home / "connects.strace", timeout_s)
     try:
         result = orjson.loads(done.stdout)
     except orjson.JSONDecodeError:
