@@ -1,5 +1,5 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|request-profile|stall|ab|smoke`
-`|quality|hindsight|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude`
+`|quality|hindsight|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude|fleet`
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -105,6 +105,12 @@ def _slow_clients(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return slow_clients.run_slow_clients(), slow_clients.render
 
 
+def _fleet(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import fleet
+
+    return asyncio.run(fleet.run_fleet()), fleet.render
+
+
 def _hindsight(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import hindsight
 
@@ -169,6 +175,7 @@ COMMANDS: dict[str, Runner] = {
     "smoke": _smoke,
     "quality": _quality,
     "hindsight": _hindsight,
+    "fleet": _fleet,
     "epoch-rule": _epoch_rule,
     "idle": _idle,
     "long-event": _long_event,

@@ -17,6 +17,7 @@ from proxy.context.journal import AS_SENT, KEEP, Decision, Injection, Journal
 from proxy.context.messages import Message, message_digest
 from proxy.context.patterns import Pattern
 from proxy.context.policy import ModelInfo, Policy
+from proxy.context.survival import NO_HISTORY, Lifetimes
 from proxy.context.tokens import Counter
 
 # What an edit kind sends for client message `i` under its decision (None: nothing, the message is dropped).
@@ -44,6 +45,8 @@ class Draft:
     # request is written in full whatever we send, so an edit re-bills nothing and any edit that frees pays.
     cold: bool = False
     held_back: int = 0  # tokens a clearing could free this turn (at most) that it does not free: it does not pay yet
+    # How long the agent's finished sessions lasted: what an edit's turns to come are priced by (`economics`).
+    lifetimes: Lifetimes = NO_HISTORY
 
     @property
     def discount(self) -> float:

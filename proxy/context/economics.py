@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.context.policy import ModelInfo
+from proxy.context.survival import NO_HISTORY, Lifetimes
 
 # Turns still to come, as a share of the turns so far. SPEC §3 starts from 0.5; with the budget below
 # (edits after a session's first spend only what earlier edits saved) 1.0 bills least on every trace
@@ -58,8 +59,11 @@ def input_cost_usd(model: ModelInfo, prompt: int, cached: int = 0, written: int 
     return (full * model.input_per_mtok + cached * model.cached_input_per_mtok + written * model.write_price) / 1e6
 
 
-def expected_turns_to_come(turns_so_far: int) -> float:
-    return TURNS_TO_COME * max(0, turns_so_far)
+def expected_turns_to_come(turns_so_far: int, lifetimes: Lifetimes = NO_HISTORY) -> float:
+    """Turns after this one, for a session whose request holds `turns_so_far` replies: what its agent's finished
+    sessions predict for one that lasted this long (`survival.Lifetimes`), else `TURNS_TO_COME` × the turns so far."""
+    predicted = lifetimes.turns_to_come(turns_so_far + 1)
+    return TURNS_TO_COME * max(0, turns_so_far) if predicted is None else predicted
 
 
 def epoch_cost(discount: float, tokens_after: int, first_changed: int, freed: int, write: float = 1.0) -> float:
@@ -74,14 +78,21 @@ def epoch_saving(discount: float, freed: int, turns_to_come: float) -> float:
 
 
 def epoch_value(
-    *, discount: float, tokens_after: int, first_changed: int, freed: int, turns_so_far: int, write: float = 1.0
+    *,
+    discount: float,
+    tokens_after: int,
+    first_changed: int,
+    freed: int,
+    turns_so_far: int,
+    write: float = 1.0,
+    lifetimes: Lifetimes = NO_HISTORY,
 ) -> float:
     """Billed tokens an edit freeing `freed` tokens from token position `first_changed` on is expected to
     save, net of its cache miss (negative: it costs more than it saves)."""
     if freed <= 0:
         return 0.0
     cost = epoch_cost(discount, tokens_after, first_changed, freed, write)
-    return epoch_saving(discount, freed, expected_turns_to_come(turns_so_far)) - cost
+    return epoch_saving(discount, freed, expected_turns_to_come(turns_so_far, lifetimes)) - cost
 
 
 def epoch_pays(

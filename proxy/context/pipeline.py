@@ -25,6 +25,7 @@ from proxy.context.patterns import compile_patterns
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import Compaction, CutCache, Dedup, Epoch, steps
 from proxy.context.steps.clear import Clearing
+from proxy.context.survival import NO_HISTORY, Lifetimes
 from proxy.context.tokens import REPLY_PRIMING, Counter, canonical_bytes
 
 __all__ = ["Outcome", "Overflow", "TurnReport", "process"]
@@ -75,12 +76,14 @@ def process(
     digests: Sequence[bytes] | None = None,
     cuts: CutCache | None = None,
     cache_cold: bool = False,
+    lifetimes: Lifetimes = NO_HISTORY,
 ) -> Outcome:
     """The messages to forward for this turn; does not mutate `journal`.
 
     `digests`, when the caller has them, are the messages' `message_digest`s (not recomputed);
     `cuts` is the caller's cache of head+tail cuts (a fresh one when it keeps none); `cache_cold`: the
-    upstream's prompt cache has expired since the session's last request (the caller knows the clock).
+    upstream's prompt cache has expired since the session's last request (the caller knows the clock);
+    `lifetimes`: how long the agent's finished sessions lasted (`survival.Lifetimes`; none: the rule without history).
     """
     edits = steps(cuts if cuts is not None else CutCache())
     state = journal.copy()
@@ -97,6 +100,7 @@ def process(
         emitters={step.kind: step.emit for step in edits},
         observations=compile_patterns(policy.clear_tool_outputs.observation_patterns),
         cold=cache_cold,
+        lifetimes=lifetimes,
     )
     if digests is None:
         digests = [message_digest(m) for m in messages]

@@ -80,6 +80,12 @@ class Policy:
     # requests as they were, unless it ends on an edit's turn. 1 saves more with cheap caching (d = 0.1:
     # 0.91 of direct, not 0.99, on 31 traces) but billed 3 of them up to 1.011 of direct (`bench epoch-rule`).
     first_edit_risk_turns: float = 0.0
+    # A session with no request for this long counts as finished: its length joins its agent's history, by
+    # which later sessions' edits are priced (`survival`). 1800: an agent's requests come seconds to minutes
+    # apart (a long test run, a person reading a reply); after half an hour the prompt cache is cold anyway
+    # (Anthropic 5 min, OpenAI 5-10 min, at most 1 h), so a session resumed later starts a new bill, and it is
+    # well inside `[state] idle_ttl_s` (6 h: the session is still held when it counts as finished).
+    session_end_idle_s: float = 1800.0
     clear_tool_outputs: ClearPolicy = field(default_factory=ClearPolicy)
     capsules: CapsulePolicy = field(default_factory=CapsulePolicy)
 

@@ -28,6 +28,7 @@ from proxy.service.body_memos import BodyMemos, Parsed
 from proxy.service.chains import ResponseChains, UneditedTurn
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold
 from proxy.service.scheduling import EnginePool, SessionGates
+from proxy.service.session_ends import SessionEnds
 from proxy.state import SessionStore, conversations, store_from_config
 from proxy.state.memory import HELD as MEMORY_HELD
 from proxy.state.sessions import (
@@ -35,6 +36,7 @@ from proxy.state.sessions import (
     SESSION_HEADER,
     Session,
     TurnStats,
+    agent_fingerprint,
     header_value,
     scoped_key,
     session_id_for,
@@ -96,6 +98,7 @@ class _Request:
     model: ModelInfo | None = None
     capsules: tuple[Capsule, ...] = ()
     capsule_bytes: int = 0
+    agent: str = ""  # which agent the session is a run of (`agent_fingerprint`)
 
 
 class EngineService:
@@ -112,6 +115,7 @@ class EngineService:
         self.chains = ResponseChains()  # which session a `previous_response_id` continues
         self.pool = EnginePool()
         self.gates = SessionGates()
+        self.ends = SessionEnds(holder, store)  # which sessions finished; each agent's turns to come
         self._capsule_sets: dict[int, tuple[tuple[CapsuleSpec, ...], tuple[Capsule, ...], int]] = {}
         self._fallback_warned: set[str] = set()
 
@@ -125,6 +129,7 @@ class EngineService:
         """The turn for a client's body, its work placed by `proxy.service.scheduling`: parsed (off the loop
         when big), then run once the session's earlier turns are done (off the loop when body, journal and
         capsules are big together). Nothing here blocks the loop: a busy session is awaited."""
+        self.ends.start()
         client = _client(credential)
         parse = functools.partial(self._parse, raw, dialect, path_session, headers, credential, client)
         request = await self.pool.run(parse, cost=len(raw), client=client)
@@ -225,8 +230,21 @@ class EngineService:
             model = replace(model, context_window=window)
         capsules, capsule_bytes = self._capsules(specs)
         key = scoped_key(session_id, credential)
+        agent = agent_fingerprint(credential, conversation)
         return _Request(
-            key, client, dialect, body, size, None, session_id, conversation, policy, model, capsules, capsule_bytes
+            key,
+            client,
+            dialect,
+            body,
+            size,
+            None,
+            session_id,
+            conversation,
+            policy,
+            model,
+            capsules,
+            capsule_bytes,
+            agent,
         )
 
     def _capsules(self, specs: tuple[CapsuleSpec, ...]) -> tuple[tuple[Capsule, ...], int]:
@@ -260,10 +278,12 @@ class EngineService:
             cache_key=request.session_id if settings.responses.set_prompt_cache_key else None,
             cache_breakpoints=settings.anthropic.place_breakpoints,
             cache_cold=self.store.knows_idle and cache_is_cold(model, conversation, session.idle_s),
+            lifetimes=self.ends.lifetimes(request.agent),
         )
         serialised = functools.partial(self._serialised, request.key, request.client, cost)
         with session.lock:
             session.policy = policy.name
+            session.agent = request.agent
             correction = self.calibration.correction(conversation.model, session.correction, model.estimate_margin)
             outcome = inputs.run(session.journal, correction)
             if outcome.overflow:
@@ -345,8 +365,10 @@ class EngineService:
             session = max(named, key=lambda s: s.last_seen, default=None)
         shared = await self.store.shared_report(session_id, self.store.max_sessions)
         if session is not None and (shared is None or session.last_seen >= shared["last_seen"]):
-            return conversations.detail([session, *conversations.conversations(self.store, session.id)])
-        return shared
+            return self.ends.describe(
+                conversations.detail([session, *conversations.conversations(self.store, session.id)])
+            )
+        return None if shared is None else self.ends.describe(shared)
 
     def _record_metrics(self, policy: str, outcome: Outcome) -> None:
         report = outcome.report

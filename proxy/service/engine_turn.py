@@ -20,6 +20,7 @@ from proxy.context.journal import Journal, TurnReport
 from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import CutCache
+from proxy.context.survival import NO_HISTORY, Lifetimes
 from proxy.dialects import Conversation, Dialect, Usage
 from proxy.dialects.base import writes_at
 from proxy.errors import ContextOverflow
@@ -55,6 +56,7 @@ class TurnInputs:
     cache_key: str | None = None  # the session id, for APIs that route their prompt cache by one
     cache_breakpoints: bool = False  # the dialect may add prompt-cache breakpoints ([anthropic] place_breakpoints)
     cache_cold: bool = False  # the upstream's cache expired since the session's last request (`cache_is_cold`)
+    lifetimes: Lifetimes = NO_HISTORY  # how long the agent's finished sessions lasted (`service.session_ends`)
 
     @property
     def epoch_model(self) -> ModelInfo:
@@ -80,6 +82,7 @@ class TurnInputs:
             digests=conversation.digests,
             cuts=self.cuts,
             cache_cold=self.cache_cold,
+            lifetimes=self.lifetimes,
         )
 
 

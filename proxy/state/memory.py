@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from proxy.context.calibration import Calibration
 from proxy.context.journal import Journal
 from proxy.metrics import METRICS
+from proxy.state.lifetimes import History
 from proxy.state.sessions import Session, TurnStats
 
 log = logging.getLogger("proxy.state")
@@ -88,6 +89,7 @@ class SessionStore:
         self._journal_from_dict = journal_from_dict
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently seen first
         self._lock = threading.Lock()  # the engine may run on a worker thread (large bodies) and on the loop
+        self.history = History()  # how long each agent's finished sessions lasted (`proxy.state.lifetimes`)
 
     @property
     def problem(self) -> str | None:

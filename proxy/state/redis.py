@@ -41,6 +41,7 @@ from proxy.context.calibration import RATIO_SMOOTHING, observed_ratio
 from proxy.metrics import METRICS
 from proxy.state.codec import TOTALS, journal_bytes, session_from
 from proxy.state.fleet import REPORT_FIELD, ROW_FIELD, FleetIndex
+from proxy.state.lifetimes import RedisHistory
 from proxy.state.memory import SessionStore, StoredTurn
 from proxy.state.redis_keys import CALIBRATION_KEY, session_key, turns_key
 from proxy.state.sessions import MAX_TURNS_KEPT, Session
@@ -159,6 +160,7 @@ class RedisStore(SessionStore):
         self._usage = self.client.register_script(_USAGE)
         self._learn = self.client.register_script(_LEARN.format(k=1, m=1, o=2, s=3, c=4, t=5))
         self.fleet = FleetIndex(self.client, self.idle_ttl_s, self.clock)
+        self.history = RedisHistory(self.client)
         self._flusher: asyncio.Task[None] | None = None
         self._versions: dict[str, str] = {}  # session key -> the version our copy was read or written at
         self._problem: str | None = None

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from proxy.context.journal import TurnReport
 from proxy.dialects.base import Conversation, Message
 
@@ -25,6 +27,9 @@ MAX_TURNS_KEPT = 100  # per-turn detail kept for /sessions/{id}; totals cover ev
 # A session's own objects in memory, and one turn's details (its report and diff), measured with tracemalloc.
 SESSION_BYTES = 2048
 TURN_BYTES = 800
+# The part of the system prompt an agent's fingerprint reads: agents write the run's date, directory or git
+# status after a fixed preamble (Claude Code, Codex), which would make every run a new agent.
+AGENT_SYSTEM_CHARS = 2000
 
 
 def sanitize_session_id(raw: Any) -> str | None:
@@ -68,6 +73,21 @@ def fingerprint(credential: str, messages: Sequence[Message], digests: Sequence[
         i = _first(messages, roles)
         hasher.update(b"-" if i is None else digests[i])
     return f"{FINGERPRINT_PREFIX}{hasher.hexdigest()[:32]}"
+
+
+def agent_fingerprint(credential: str, conversation: Conversation) -> str:
+    """Which agent a session is a run of: what stays fixed across its runs (the tools' names and schemas, the
+    start of the system prompt), within the credential's scope, so two tenants never share a history."""
+    hasher = hashlib.sha256(hashlib.sha256(credential.encode("utf-8", "surrogatepass")).digest())
+    if conversation.tools:
+        hasher.update(orjson.dumps(conversation.tools, option=orjson.OPT_SORT_KEYS, default=repr))
+    hasher.update(b"\x00")
+    i = _first(conversation.messages, ("system", "developer"))
+    if i is not None:
+        content = conversation.messages[i].get("content")
+        text = content if isinstance(content, str) else orjson.dumps(content, default=repr).decode()
+        hasher.update(text[:AGENT_SYSTEM_CHARS].encode("utf-8", "surrogatepass"))
+    return hasher.hexdigest()[:24]
 
 
 def session_id_for(
@@ -175,6 +195,10 @@ class Session:
     last_seen: float = 0.0
     # Seconds from the session's previous request to this one, by this process's clock (0: the first).
     idle_s: float = 0.0
+    # Which agent it is a run of (`agent_fingerprint`; '' until its first edited turn in this process).
+    agent: str = ""
+    # The length the session was last counted finished at (0: never): it joins its agent's history once per length.
+    finished_at: int = 0
     # Upstream prompt tokens per token we estimated, as a context_length_exceeded retry taught it:
     # a floor under the model's learned ratio for this session (0 = nothing learned).
     correction: float = 0.0
@@ -260,6 +284,7 @@ class Session:
         return {
             **self.summary(),
             "idle_s": round(self.idle_s, 3),
+            "agent": self.agent,
             "clearing_held_back_tokens": last.held_back if last else 0,
             "correction": self.correction,
         }

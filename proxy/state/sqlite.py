@@ -24,6 +24,7 @@ from proxy.config.loader import ConfigError
 from proxy.metrics import METRICS
 from proxy.state.codec import FIELDS, journal_bytes, session_from, totals_bytes, turns_bytes
 from proxy.state.conversations import session_key
+from proxy.state.lifetimes import SqliteHistory
 from proxy.state.memory import SessionStore
 from proxy.state.sessions import Session
 
@@ -83,6 +84,8 @@ class SqliteStore(SessionStore):
         if not self._ready:
             self._failed(f"state file {self.path} is locked by another process; its writes are queued")
         self._preload()
+        if self._ready:
+            self.history = SqliteHistory(self.path)
         self._writer = threading.Thread(target=self._write_loop, name="state-writer", daemon=True)
         self._writer.start()
 
@@ -151,6 +154,7 @@ class SqliteStore(SessionStore):
         self._writer.join(timeout=5)
         if self._reader is not None:
             self._reader.close()
+        self.history.close()
 
     def _forgotten(self, session_id: str) -> None:
         self._enqueue(session_id, _DELETE)

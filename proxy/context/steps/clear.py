@@ -79,7 +79,13 @@ class Clearing:
             if not within_budget(cost, banked, epoch_saving(d, freed, 1.0), first_turn, risk_turns):
                 return -1.0
             return epoch_value(
-                discount=d, tokens_after=after, first_changed=first, freed=freed, turns_so_far=turns, write=w
+                discount=d,
+                tokens_after=after,
+                first_changed=first,
+                freed=freed,
+                turns_so_far=turns,
+                write=w,
+                lifetimes=draft.lifetimes,
             )
 
         floor = _frontier(draft, out) if draft.model.marked_cache else None

@@ -65,7 +65,7 @@ class Compaction:
         d, w = draft.discount, draft.model.write_factor
         cost = w * after - d * before
         turns = sum(1 for m in draft.messages if m.get("role") == "assistant")
-        pays = epoch_saving(d, freed, expected_turns_to_come(turns)) > cost
+        pays = epoch_saving(d, freed, expected_turns_to_come(turns, draft.lifetimes)) > cost
         if cost > 0 and not (pays and within_budget(cost, journal.banked, epoch_saving(d, freed, 1.0))):
             return None
         draft.decide(i, decision)

@@ -1,0 +1,99 @@
+"""A fleet of one agent served by one proxy: sessions one after another, each finished before the next (issue 27).
+
+One proxy (the default config, gpt-4o's cached price at d × input) in front of the simulator. It first
+serves the history sets (the packaged traces, then `bench/traces/sample_a`), each session counted finished
+by the proxy's own sweep (`[policy] session_end_idle_s`, here 1 ms; the sweep is called after each run, as its
+timer would), so these runs are billed as an agent with no history yet. Then it serves the measured set as
+new sessions of the same agents: `tuned` (the history sets again, what the rule was tuned on) or `held-out`
+(`sample_b`, never tuned on). Each run is also replayed direct; billed input = uncached + d × cached.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.quality import held_out
+from bench.savings import Replay, _session_prefix, _settings, replay
+from bench.stats import table
+from proxy.config.loader import ConfigHolder
+from proxy.context.policy import policy_from_dict
+from proxy.demo.simulator import SIMULATOR, SimulatorConfig, start_simulator
+from proxy.demo.traces import load_trace
+from proxy.service.engine_service import build_context_service
+from proxy.shell import server
+from tests.context.replay import TRACE_NAMES
+
+MODEL = "gpt-4o"  # 128k
+END_IDLE_S = 0.001
+
+
+def _sets() -> dict[str, list[str | Path]]:
+    history: list[str | Path] = [*TRACE_NAMES, *held_out("sample_a")]
+    return {"history": history, "tuned": history, "held-out": list(held_out("sample_b"))}
+
+
+async def run_fleet(discount: float = 0.1, measured: tuple[str, ...] = ("tuned", "held-out")) -> dict[str, Any]:
+    sets = _sets()
+    sim_runner, sim_url = await start_simulator(SimulatorConfig(models={MODEL: 128000}, record_limit=4))
+    sim = sim_runner.app[SIMULATOR]
+    settings = _settings(sim_url, discount)
+    data = {**settings.policy_data, "session_end_idle_s": END_IDLE_S}
+    holder = ConfigHolder(replace(settings, policy_data=data, policy=policy_from_dict(data)))
+    context = build_context_service(holder)
+    runner, port = await server.start(holder, context=context)
+    result: dict[str, Any] = {"discount": discount, "sets": {}}
+    try:
+        async with aiohttp.ClientSession() as client:
+            for set_name in ("history", *measured):
+                rows = []
+                for name in sets[set_name]:
+                    trace = load_trace(name)
+                    sim.reset()
+                    direct = await replay(client, sim_url, trace, MODEL, None)
+                    sim.reset()
+                    session = f"http://127.0.0.1:{port}/s/{_session_prefix(trace)}{time.monotonic_ns()}/v1"
+                    proxied = await replay(client, session, trace, MODEL, None)
+                    time.sleep(2 * END_IDLE_S)
+                    await context.ends.sweep()  # what the sweep's timer does once the run has been idle that long
+                    rows.append(_row(trace.name, direct, proxied, discount))
+                result["sets"][set_name] = rows
+    finally:
+        await runner.cleanup()
+        context.close()
+        await sim_runner.cleanup()
+    return result
+
+
+def _row(name: str, direct: Replay, proxied: Replay, d: float) -> dict[str, Any]:
+    return {
+        "trace": name.split(".")[0],
+        "turns": len(direct.turns),
+        "epochs": sum(t.epoch for t in proxied.turns),
+        "direct": direct.billed(d),
+        "proxy": proxied.billed(d),
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"d = {result['discount']}: billed input (uncached + d x cached), one proxy, sessions in order"]
+    summary = []
+    for set_name, rows in result["sets"].items():
+        direct, proxy = sum(r["direct"] for r in rows), sum(r["proxy"] for r in rows)
+        worst = max(rows, key=lambda r: r["proxy"] / max(1.0, r["direct"]))
+        summary.append(
+            [set_name, len(rows), proxy / max(1.0, direct), worst["trace"], worst["proxy"] / max(1.0, worst["direct"])]
+        )
+    lines.append(table(["set", "runs", "proxy/direct", "worst run", "its proxy/direct"], summary))
+    for set_name, rows in result["sets"].items():
+        lines.append(f"\n{set_name}")
+        body = [
+            [r["trace"], r["turns"], r["epochs"], r["direct"], r["proxy"], r["proxy"] / max(1.0, r["direct"])]
+            for r in rows
+        ]
+        lines.append(table(["trace", "turns", "epochs", "direct", "proxy", "proxy/direct"], body))
+    return "\n".join(lines)

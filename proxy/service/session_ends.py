@@ -1,0 +1,104 @@
+"""Sessions that finish: after `[policy] session_end_idle_s` without a request a session counts as finished, its
+length joins its agent's history (`proxy.state.lifetimes`), and the engine prices edits by that history
+(`proxy.context.survival.Lifetimes`, handed to it per turn by `lifetimes`).
+
+The sweep runs on the loop every `sweep_s`, over this process's copies of the sessions; the clock and the
+store live here, the estimate stays pure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from proxy.config.loader import ConfigHolder
+from proxy.context.survival import NO_HISTORY, Lifetimes
+from proxy.state.memory import SessionStore
+from proxy.state.sessions import Session, visible_id
+
+log = logging.getLogger("proxy.service")
+
+MAX_SWEEP_S = 30.0  # the sweep runs at least this often, more often when sessions end sooner
+
+
+class SessionEnds:
+    """Which sessions have finished, and each agent's estimate of the turns to come."""
+
+    def __init__(self, holder: ConfigHolder, store: SessionStore, clock: Callable[[], float] = time.time) -> None:
+        self.holder = holder
+        self.store = store
+        self.clock = clock
+        self._estimates: dict[str, Lifetimes] = {}  # agent -> its estimate as of the last sweep
+        self._task: asyncio.Task[None] | None = None
+
+    def lifetimes(self, agent: str) -> Lifetimes:
+        """The agent's estimate (as of the last sweep; from the stored history alone before one)."""
+        known = self._estimates.get(agent)
+        if known is None:
+            lengths = self.store.history.lengths(agent)
+            known = Lifetimes.of(lengths) if lengths else NO_HISTORY
+            if len(self._estimates) < 4 * self.store.history.max_agents:
+                self._estimates[agent] = known
+        return known
+
+    def describe(self, report: dict[str, Any]) -> dict[str, Any]:
+        """A `/sessions/{id}` body with the turns its agent's history predicts to come, and how many finished
+        sessions that rests on (`turns_to_come` None: no history says)."""
+        agent, turns = report.get("agent") or "", int(report.get("turns") or 0)
+        estimate = self.lifetimes(agent) if agent else NO_HISTORY
+        ahead = estimate.turns_to_come(turns) if turns else None
+        return {
+            **report,
+            "turns_to_come": None if ahead is None else round(ahead, 2),
+            "history_sessions": estimate.finished,
+        }
+
+    def start(self) -> None:
+        """Start the sweep on the running loop (once)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _end_idle_s(self, session: Session) -> float:
+        policy, _ = self.holder.settings.policy_for(visible_id(session.id))
+        return policy.session_end_idle_s
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.1, min(MAX_SWEEP_S, self.holder.settings.policy.session_end_idle_s / 4)))
+            try:
+                await self.sweep()
+            except Exception:  # a store that fails now is tried again on the next sweep
+                log.exception("session-end sweep failed")
+
+    async def sweep(self) -> int:
+        """Count as finished the sessions idle past `session_end_idle_s`, refresh each agent's estimate with
+        the sessions still running censored at their length; the number of sessions counted finished."""
+        now, finished = self.clock(), 0
+        running: dict[str, list[int]] = defaultdict(list)
+        for session in self.store:
+            if not session.agent or session.turn_count <= session.finished_at:
+                continue
+            if now - session.last_seen < self._end_idle_s(session):
+                running[session.agent].append(session.turn_count)
+                continue
+            length = session.turn_count
+            if await self.store.history.finish(session.agent, session.id, length, session.last_seen):
+                finished += 1
+            session.finished_at = length  # counted, or another instance has it running: not counted here again
+        history = self.store.history
+        agents = set(running) | {agent for agent in self._estimates if history.lengths(agent)}
+        await history.refresh(agents)
+        self._estimates = {agent: Lifetimes.of(history.lengths(agent), running.get(agent, ())) for agent in agents}
+        return finished
