@@ -129,7 +129,7 @@ class EngineService:
         """The turn for a client's body, its work placed by `proxy.service.scheduling`: parsed (off the loop
         when big), then run once the session's earlier turns are done (off the loop when body, journal and
         capsules are big together). Nothing here blocks the loop: a busy session is awaited."""
-        self.ends.start()
+        self.ends.poke()
         client = _client(credential)
         parse = functools.partial(self._parse, raw, dialect, path_session, headers, credential, client)
         request = await self.pool.run(parse, cost=len(raw), client=client)
@@ -357,6 +357,7 @@ class EngineService:
     async def session_json(self, session_id: str) -> dict[str, Any] | None:
         """`GET /sessions/{id}`: per turn, what the engine did and what the upstream billed; from this process's
         copy, or the shared store's when another process served the session since."""
+        await self.ends.sweep_if_due()
         session = self.store.peek(session_id)
         if session is None:  # the id as the client named it: the most recent client's session of that name
             named = [

@@ -2,14 +2,14 @@
 length joins its agent's history (`proxy.state.lifetimes`), and the engine prices edits by that history
 (`proxy.context.survival.Lifetimes`, handed to it per turn by `lifetimes`).
 
-The sweep runs on the loop every `sweep_s`, over this process's copies of the sessions; the clock and the
-store live here, the estimate stays pure.
+The sweep runs on the loop, over this process's copies of the sessions, at most every min(30 s, a quarter of
+`session_end_idle_s`), when a request or a `/sessions/{id}` comes (an idle proxy runs no task); the clock and
+the store live here, the estimate stays pure.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -34,7 +34,8 @@ class SessionEnds:
         self.store = store
         self.clock = clock
         self._estimates: dict[str, Lifetimes] = {}  # agent -> its estimate as of the last sweep
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None  # the sweep running in the background, if one is
+        self._swept_at = time.monotonic()
 
     def lifetimes(self, agent: str) -> Lifetimes:
         """The agent's estimate (as of the last sweep; from the stored history alone before one)."""
@@ -58,29 +59,36 @@ class SessionEnds:
             "history_sessions": estimate.finished,
         }
 
-    def start(self) -> None:
-        """Start the sweep on the running loop (once)."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+    def poke(self) -> None:
+        """Sweep in the background when one is due (a request came): no task outlives its sweep, so an idle
+        proxy runs none; `/sessions/{id}` sweeps first when one is due (`sweep_if_due`)."""
+        if self._task is None and self._due():
+            self._task = asyncio.get_running_loop().create_task(self._background())
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def sweep_if_due(self) -> None:
+        if self._task is None and self._due():
+            await self._guarded()
+
+    def _due(self) -> bool:
+        interval = max(0.1, min(MAX_SWEEP_S, self.holder.settings.policy.session_end_idle_s / 4))
+        return time.monotonic() - self._swept_at >= interval
+
+    async def _background(self) -> None:
+        try:
+            await self._guarded()
+        finally:
             self._task = None
+
+    async def _guarded(self) -> None:
+        self._swept_at = time.monotonic()
+        try:
+            await self.sweep()
+        except Exception:  # a store that fails now is tried again on the next sweep
+            log.exception("session-end sweep failed")
 
     def _end_idle_s(self, session: Session) -> float:
         policy, _ = self.holder.settings.policy_for(visible_id(session.id))
         return policy.session_end_idle_s
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(max(0.1, min(MAX_SWEEP_S, self.holder.settings.policy.session_end_idle_s / 4)))
-            try:
-                await self.sweep()
-            except Exception:  # a store that fails now is tried again on the next sweep
-                log.exception("session-end sweep failed")
 
     async def sweep(self) -> int:
         """Count as finished the sessions idle past `session_end_idle_s`, refresh each agent's estimate with
