@@ -210,3 +210,20 @@ async def test_session_id_from_claude_code_header(messages_rig: Any) -> None:
     async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{rig.port}/sessions") as response:
         rows = await response.json()
     assert any(row["id"] == "cc-abc" for row in rows)
+
+
+async def test_a_cut_error_result_goes_without_the_engines_error_prefix(messages_rig: Any) -> None:
+    """The engine reads an is_error result as "Error: ..."; that word is its own, never the upstream's to see."""
+    rig = await messages_rig()
+    client = rig.client("errors")
+    messages = _conversation(10, "x = 1\n" * 800)
+    failed = messages[18]["content"][0]  # among the last 6 messages: never cleared, but cut when oversized
+    failed["is_error"] = True
+    failed["content"] = "".join(f"  File app{n}.py, line {n}, in run\n" for n in range(1500))
+    await client.messages.create(model="claude-sim-32k", max_tokens=1024, messages=messages)
+    sent = rig.sim.requests[-1].body["messages"]
+    results = {b["tool_use_id"]: b for m in sent if isinstance(m["content"], list) for b in m["content"]
+               if b["type"] == "tool_result"}  # fmt: skip
+    cut = results[failed["tool_use_id"]]
+    assert cut["is_error"] is True and cut["content"] != failed["content"]
+    assert cut["content"].startswith(failed["content"][:200])

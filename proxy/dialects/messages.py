@@ -99,12 +99,27 @@ def _unmodelled(body: Mapping[str, Any]) -> str | None:
     return None
 
 
+ERROR_PREFIX = "Error: "  # what an is_error result reads as to the engine: the engine's word, never the upstream's
+
+
+def _prefixed(block: Mapping[str, Any], text: str) -> bool:
+    """Whether the engine reads this tool_result with `ERROR_PREFIX` put in front of its text."""
+    return block.get("is_error") is True and not text.lstrip().lower().startswith("error")
+
+
 def _tool_message(block: dict[str, Any]) -> Message:
     content = block.get("content")
     text = _text(_blocks(content)) if isinstance(content, str | list) else ""
-    if block.get("is_error") is True and not text.lstrip().lower().startswith("error"):
-        text = "Error: " + text  # the engine keeps short errors; it knows them by their words
+    if _prefixed(block, text):
+        text = ERROR_PREFIX + text  # the engine keeps short errors; it knows them by their words
     return {"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": text}
+
+
+def _tool_result_content(block: Mapping[str, Any], new: str) -> str:
+    """An edited tool_result's text as the upstream gets it: without the prefix `_tool_message` put there."""
+    content = block.get("content")
+    text = _text(_blocks(content)) if isinstance(content, str | list) else ""
+    return new.removeprefix(ERROR_PREFIX) if _prefixed(block, text) else new
 
 
 def _split_user(blocks: list[Any]) -> list[tuple[list[int], Message]]:
@@ -230,7 +245,8 @@ class MessagesDialect:
                 continue
             touched.add(i)
             if message.get("role") == "tool":
-                rendered[i][indices[0]] = {**blocks[indices[0]], "content": _new_text(message)}
+                block = blocks[indices[0]]
+                rendered[i][indices[0]] = {**block, "content": _tool_result_content(block, _new_text(message))}
             else:
                 rendered[i].update(_edited_blocks(blocks, indices, _new_text(message)))
         counts: dict[int, int] = {}
