@@ -342,3 +342,40 @@ async def test_clients_with_different_proxy_keys_never_share_a_session(env) -> N
         assert len(await rig.context.sessions_json()) == 2
     finally:
         await rig.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "shape"),
+    [
+        ("POST", "/v1/chat/completions", "openai"),
+        ("POST", "/v1/responses", "openai"),
+        ("POST", "/v1/messages", "anthropic"),
+        ("GET", "/sessions", "openai"),
+        ("GET", "/metrics", "openai"),
+    ],
+)
+@pytest.mark.parametrize("header", [b"Authorization: Bearer pk-\xff\xfe", b"X-Api-Key: caf\xe9", b"X-Custom: \xc3("])
+async def test_a_header_byte_that_is_not_utf8_gets_a_400_in_the_routes_shape(
+    env, method: str, path: str, shape: str, header: bytes
+) -> None:
+    """With access keys and an admin token on, the keys are compared as UTF-8: a stray byte is the client's
+    mistake, answered as one, never aiohttp's plain-text 500 with a traceback."""
+    rig = await keyed_rig(server={"admin_token_env": "CP_TEST_ADMIN"})
+    try:
+        body = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}'
+        reader, writer = await asyncio.open_connection("127.0.0.1", rig.port)
+        head = b"%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" % (method.encode(), path.encode())
+        writer.write(head + header + b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.split()[1] == b"400", answer[:300]
+        error = json.loads(payload)
+        if shape == "anthropic":
+            assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+        else:
+            assert is_openai_error(error)
+        assert b"Traceback" not in answer and not rig.sim.requests
+    finally:
+        await rig.close()

@@ -98,11 +98,23 @@ def _matches(presented: str, keys: tuple[str, ...]) -> bool:
     return found and bool(presented)
 
 
-def unsafe_header(headers: Headers) -> str | None:
-    """The name of the first header whose name or value holds CR, LF or NUL (it could split a forwarded header)."""
+def _is_utf8(text: str) -> bool:
+    """aiohttp keeps a byte that is not UTF-8 as a lone surrogate: such text has no bytes to compare or forward."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def unsafe_header(headers: Headers) -> tuple[str, str] | None:
+    """The first header whose name or value holds CR, LF or NUL (it could split a forwarded header) or a byte that
+    is not UTF-8, and what is wrong with it."""
     for name, value in headers.items():
         if _LINE_BREAK.search(name) or _LINE_BREAK.search(value):
-            return name
+            return name, "contains a line break"
+        if not (_is_utf8(name) and _is_utf8(value)):
+            return name.encode(errors="backslashreplace").decode(), "is not valid UTF-8"
     return None
 
 
@@ -117,8 +129,9 @@ def exposure_problem(host: str, settings: Settings) -> str | None:
 def check_request(request: web.Request, settings: Settings) -> ProxyError | tuple[CIMultiDict[str], str] | None:
     """A refusal (answered in the route's API's shape), or the headers to continue with (the proxy key removed) and
     the key presented, or None to continue unchanged."""
-    if (name := unsafe_header(request.headers)) is not None:
-        return InvalidRequest(f"Header {name[:40]!r} contains a line break.", None, "invalid_header")
+    if (unsafe := unsafe_header(request.headers)) is not None:
+        name, problem = unsafe
+        return InvalidRequest(f"Header {name[:40]!r} {problem}.", None, "invalid_header")
     if not request.path.startswith(GATED_PREFIXES):
         return None
     keys = access_keys(settings)
