@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,8 @@ from proxy.config.loader import (
     load_settings,
 )
 from proxy.context.policy import Policy
+from tests.harness import closed_port
+from tests.served import serve, write_config
 
 
 @pytest.fixture
@@ -135,3 +142,73 @@ def test_a_relative_state_path_is_relative_to_the_config_file(config_dir: Path) 
     toml = config_dir / "proxy.toml"
     toml.write_text(toml.read_text().replace('path = ""', 'path = "state/journals.sqlite"'))
     assert load_settings(toml).state.path == str(config_dir / "state" / "journals.sqlite")
+
+
+def _within(seconds: float, fifo: Path, call: Callable[[], object]) -> list[object]:
+    """`call()`'s result or exception, in a thread; one blocked on `fifo` past `seconds` is let go by a writer
+    opening it, so the test fails instead of hanging."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as exc:  # the caller asserts on what it got
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=seconds)
+    if thread.is_alive():
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(timeout=5)
+        return ["blocked"]
+    return out
+
+
+def test_a_fifo_in_sessions_is_passed_over_and_the_reload_goes_on(config_dir: Path) -> None:
+    """A FIFO named like a session file would block the reload thread on its open forever: it is never opened."""
+    holder = ConfigHolder(load_settings(config_dir / "proxy.toml"))
+    fifo = config_dir / "sessions" / "stuck.toml"
+    os.mkfifo(fifo)
+    session = config_dir / "sessions" / "example.toml"
+    session.write_text(session.read_text().replace("keep_tokens = 8000", "keep_tokens = 4000"))
+    bump(session)
+    assert _within(20, fifo, holder.reload_if_changed) == [True]
+    assert holder.settings.policy_for("example-1")[0].clear_tool_outputs.keep_tokens == 4000
+
+
+def test_a_capsule_file_that_is_a_fifo_is_a_config_error(config_dir: Path) -> None:
+    fifo = config_dir / "sessions" / "capsule.md"
+    os.mkfifo(fifo)
+    (config_dir / "sessions" / "fed.toml").write_text('match = ["fed-*"]\n[[capsules]]\nfile = "capsule.md"\n')
+    [error] = _within(20, fifo, lambda: load_settings(config_dir / "proxy.toml"))
+    assert isinstance(error, ConfigError) and "not a regular file" in str(error)
+
+
+def test_a_served_proxy_with_a_fifo_in_sessions_reloads_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """The process as a user runs it: a change beside the FIFO is applied, and SIGTERM still ends it (a reload
+    thread blocked on the FIFO kept the process alive past SIGTERM)."""
+    config = write_config(tmp_path)
+    os.mkfifo(tmp_path / "sessions" / "stuck.toml")
+    proxy = serve(config, upstream_url=f"http://127.0.0.1:{closed_port()}/v1", passthrough=True)
+    try:
+        session = tmp_path / "sessions" / "example.toml"
+        time.sleep(1.5)  # past one watch interval, so the change below is a change
+        session.write_text(session.read_text().replace("keep_tokens = 8000", "keep_tokens = 4000"))
+        bump(session)
+        deadline = time.monotonic() + 20
+        while "config reloaded" not in proxy.log() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "config reloaded (" in proxy.log() and "example.toml" in proxy.log()
+        proxy.process.terminate()
+        try:
+            code = proxy.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code is not None, "SIGTERM did not stop the proxy"
+    finally:
+        if proxy.process.poll() is None:
+            with contextlib.suppress(OSError):
+                os.close(os.open(tmp_path / "sessions" / "stuck.toml", os.O_WRONLY | os.O_NONBLOCK))
+        proxy.stop()

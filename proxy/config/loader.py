@@ -6,10 +6,12 @@ path, line and key, and on reload the last good version stays in force.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import functools
 import logging
 import os
+import stat
 import tomllib
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -194,9 +196,23 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_regular(path: Path) -> str:
+    """A regular file's UTF-8 text. Opened without blocking and checked before it is read: a FIFO (or a device)
+    put where a config file is expected would block the read, and the reload thread with it, forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read().decode("utf-8")
+    finally:
+        os.close(fd)
+
+
 def _read_toml(path: Path) -> tuple[dict[str, Any], Source]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
@@ -244,7 +260,7 @@ def _capsules(data: Any, source: Source) -> tuple[CapsuleSpec, ...]:
         if isinstance(item, dict) and "file" in item:
             file = (source.path.parent / str(item.pop("file"))).resolve()
             try:
-                item["text"] = file.read_text(encoding="utf-8")
+                item["text"] = read_regular(file)
             except OSError as exc:
                 raise source.error(["capsules", i], "file", f"cannot read {file}: {exc.strerror}") from None
         out.append(checked(CapsuleSpec, item, source, ["capsules", i]))
@@ -297,17 +313,21 @@ def load_settings(
     return replace(settings, sessions=_load_sessions(path.parent / "sessions", policy_data))
 
 
+def session_files(folder: Path) -> list[Path]:
+    """The `*.toml` regular files of `sessions/` (a symlink to one counts): a FIFO, a socket or a folder named
+    so is no config and is passed over, never opened."""
+    return sorted(p for p in folder.glob("*.toml") if p.is_file()) if folder.is_dir() else []
+
+
 def _load_sessions(folder: Path, policy_data: dict[str, Any]) -> tuple[SessionRule, ...]:
-    if not folder.is_dir():
-        return ()
-    return tuple(load_session_rule(p, policy_data) for p in sorted(folder.glob("*.toml")))
+    return tuple(load_session_rule(p, policy_data) for p in session_files(folder))
 
 
 def config_files(settings: Settings) -> list[Path]:
     """Every file whose change should trigger a reload."""
     base = Path(settings.path)
     folder = base.parent / "sessions"
-    return [base, folder, *sorted(folder.glob("*.toml"))] if folder.is_dir() else [base]
+    return [base, folder, *session_files(folder)] if folder.is_dir() else [base]
 
 
 def snapshot(paths: list[Path]) -> tuple[tuple[str, float, int], ...]:
