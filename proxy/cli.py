@@ -112,7 +112,9 @@ def check_startup(settings: Settings) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from proxy.shell.server import ListenError, serve
+    from proxy.shell.workers import die_with_parent
 
+    die_with_parent()  # a worker of `--workers N` (no-op otherwise): it ends when its parent does
     setup_logging(args.log_level)
     log = logging.getLogger("proxy.cli")
     try:

@@ -101,3 +101,44 @@ async def test_every_worker_answers_metrics_for_all_of_them_and_a_restarted_one_
         code = parent.wait(timeout=30)
         await sim.cleanup()
     assert code == 0
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+async def test_workers_die_with_a_sigkilled_parent_and_the_port_is_free_again(tmp_path: Path) -> None:
+    """SIGKILL leaves the parent no chance to pass a signal on: the workers must notice by themselves, or they go
+    on serving and a new instance starts beside them on the same port."""
+    sim, url = await start_simulator()
+    port = closed_port()
+    config = write_config(tmp_path / "orphans", url)
+    command = [*serve_command(config, port, 2), "--passthrough"]  # passthrough: no shared state needed
+    parent = subprocess.Popen(command)
+    workers: list[int] = []
+    try:
+        await wait_healthy(port)
+        workers = _children(parent.pid)
+        assert len(workers) == 2
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        for _ in range(300):
+            if not any(_alive(pid) for pid in workers):
+                break
+            await asyncio.sleep(0.05)
+        assert not [pid for pid in workers if _alive(pid)], "workers kept serving after their parent died"
+        with pytest.raises(aiohttp.ClientConnectionError):
+            async with aiohttp.ClientSession() as client, client.get(f"http://127.0.0.1:{port}/healthz"):
+                pass
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        await sim.cleanup()

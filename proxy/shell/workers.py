@@ -10,12 +10,15 @@ refuses to start.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
@@ -28,6 +31,8 @@ log = logging.getLogger("proxy.workers")
 RESTART_AFTER_S = 1.0  # a worker that died is started again no sooner than this after its last start
 START_FAILED_S = 5.0  # a worker that exits with an error this soon after its start failed to start: stop all
 _POLL_S = 0.2
+PARENT_ENV = "CONTEXT_PROXY_WORKER_OF"  # set in each worker's environment: the pid of the parent it serves for
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def check_workers(workers: int, settings: Settings, port: int, passthrough: bool) -> None:
@@ -59,9 +64,33 @@ def shared_metrics() -> Iterator[None]:
                 os.environ[SHARED_DIR_ENV] = before
 
 
+def die_with_parent() -> None:
+    """In a worker (`PARENT_ENV` set): SIGTERM when the parent dies, however it dies (a SIGKILLed parent cannot
+    pass its signal on, and its workers would go on serving beside the next instance on the same port).
+
+    Linux: `prctl(PR_SET_PDEATHSIG)`, then a check that the parent did not die before it; elsewhere a thread
+    that looks at the parent pid every second.
+    """
+    parent = os.environ.pop(PARENT_ENV, "")
+    if not parent.isdigit():
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform == "linux" else None
+    if libc is None or libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        threading.Thread(target=_watch_parent, args=(int(parent),), name="parent-watch", daemon=True).start()
+    if os.getppid() != int(parent):  # it died before the prctl: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def run_workers(workers: int, argv: list[str]) -> int:
     """Run `python -m proxy <argv>` N times until SIGINT/SIGTERM; a worker that exits is restarted."""
     command = [sys.executable, "-m", "proxy", *argv]
+    os.environ[PARENT_ENV] = str(os.getpid())  # each worker dies with this process (`die_with_parent`)
     stopping = False
 
     def stop(signum: int, _frame: FrameType | None) -> None:
