@@ -44,6 +44,10 @@ class ServerConfig:
     body_timeout_s: float = 60  # longest silence while a request body is read (408)
     keepalive_timeout_s: float = 60  # an idle connection (no request under way) is closed after this
     body_budget_mb: float = 96  # request bodies held in memory at once, all requests together (past it: 503)
+    # A relayed WebSocket (Codex's WebSocket mode): each side pinged this often, closed when its pong is late
+    # (half of it); both closed after this long with no message either way, so idle sockets free their slots.
+    websocket_heartbeat_s: float = 30
+    websocket_idle_timeout_s: float = 300
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,8 @@ RULES: dict[str, Any] = {
     "ServerConfig.header_timeout_s": Field(gt=0),
     "ServerConfig.body_timeout_s": Field(gt=0),
     "ServerConfig.keepalive_timeout_s": Field(gt=0),
+    "ServerConfig.websocket_heartbeat_s": Field(gt=0),
+    "ServerConfig.websocket_idle_timeout_s": Field(gt=0),
     "ServerConfig.body_budget_mb": Field(gt=0),
     "UpstreamConfig.base_url": AfterValidator(_http_url),
     "AnthropicConfig.base_url": AfterValidator(_http_url),

@@ -180,6 +180,7 @@ class Upstream:
                 protocols=tuple(p.strip() for p in headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()),
                 timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=config.connect_timeout_s),
                 autoping=True,
+                heartbeat=self.holder.settings.server.websocket_heartbeat_s,  # a dead upstream is found, and closed
                 max_msg_size=0,
             )
         except aiohttp.WSServerHandshakeError as exc:
