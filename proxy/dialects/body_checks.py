@@ -6,6 +6,7 @@ other field is the upstream's business.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -63,12 +64,42 @@ def _check_message(index: int, message: Any) -> None:
         )
 
 
+_INT64 = range(-(2**63), 2**64)  # what orjson reads and writes as an integer
+_WIDE = 2.0**63  # a float at least this large may have been an integer orjson could not hold
+
+
+def has_wide_number(value: Any) -> bool:
+    """Whether a parsed JSON value holds a float of 2**63 or more (either sign): maybe an integer past 64 bits,
+    which orjson reads as a float (2**64 would go upstream as 1.8446744073709552e+19). A walk of the parsed
+    nodes, not the bytes: an agent's body is few nodes and many long strings."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif type(node) is float and abs(node) >= _WIDE:
+            return True
+    return False
+
+
+def _exact_int(digits: str) -> int | orjson.Fragment:
+    value = int(digits)
+    return value if value in _INT64 else orjson.Fragment(digits)  # re-serialised as these very digits
+
+
 def json_body(raw: bytes) -> Any:
-    """The request body's JSON value, or InvalidRequest saying where it does not parse (every API's first check)."""
+    """The request body's JSON value, or InvalidRequest saying where it does not parse (every API's first check).
+
+    An integer past 64 bits is kept as its own digits (an `orjson.Fragment`), so a re-serialised body sends it
+    exactly as the client did; orjson still judges what parses, so both parsers agree on every accepted body.
+    """
     try:
-        return orjson.loads(raw)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}", None, "invalid_json") from exc
+    return json.loads(raw, parse_int=_exact_int) if has_wide_number(value) else value
 
 
 def parse_chat_body(raw: bytes) -> dict[str, Any]:

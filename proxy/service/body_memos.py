@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from proxy.context.messages import message_digest
-from proxy.dialects.body_checks import check_messages, parse_chat_body
+from proxy.dialects.body_checks import check_messages, has_wide_number, parse_chat_body
 
 # Stands in for the remembered messages; random per process, so no client can send it.
 MARKER = "\x00context-proxy-remembered-" + secrets.token_hex(16)
@@ -130,8 +130,8 @@ def _extend(memo: _Memo, raw: bytes) -> tuple[Parsed, _Memo] | None:
         body = orjson.loads(raw[: memo.start] + _MARKER_JSON + raw[known:])
     except orjson.JSONDecodeError:
         return None  # the full parse gives the client its exact error
-    if not isinstance(body, dict):
-        return None
+    if not isinstance(body, dict) or has_wide_number(body):
+        return None  # not a body to extend (the full parse judges it), or one to parse exactly (body_checks)
     tail = body.get("messages")
     if not isinstance(tail, list) or not tail or tail[0] != MARKER:
         return None
