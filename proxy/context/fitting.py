@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.context.messages import Message, content_text, units
+from proxy.context.messages import Message, call_ids, content_text, units
 from proxy.context.policy import TRUNCATIONS
 from proxy.context.tokens import Counter, HeuristicCounter
 from proxy.context.window import TruncationStrategy
@@ -82,14 +82,23 @@ def never_cut(messages: Sequence[Message], pin_task: bool = True) -> list[bool]:
 
 def protected(messages: Sequence[Message], pin_first_user: bool = True) -> list[bool]:
     """Per message: True when no strategy may remove it (its whole unit then stays too): what is never cut
-    (`pin_first_user`: the task with it), the last user message and the last message."""
+    (`pin_first_user`: the task with it), the last user message, the last message, and the agent's newest step
+    (its last reply when that reply calls tools: the results it answers with come next, even when a system or
+    user message follows them, as Claude Code's reminders do; without it the agent asks for that step again)."""
     flags = never_cut(messages, pin_first_user)
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     if users:
         flags[users[-1]] = True
+    replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if replies and _calls_tools(messages[replies[-1]]):
+        flags[replies[-1]] = True
     if flags:
         flags[-1] = True
     return flags
+
+
+def _calls_tools(message: Message) -> bool:
+    return bool(call_ids(message)) or isinstance(message.get("function_call"), dict)
 
 
 def removable_units(messages: Sequence[Message], pin_first_user: bool = True) -> list[tuple[int, int]]:

@@ -373,3 +373,16 @@ def test_the_task_is_every_message_before_the_agents_first_reply() -> None:
     assert never_cut(messages) == [True, True, True] + [False] * 6
     assert never_cut(messages, pin_task=False) == [True] + [False] * 8
     assert task_length([say("hello"), user("task"), say("ok")]) == 2  # at least the first user message
+
+
+def test_the_agents_newest_step_stays_when_a_reminder_follows_its_results() -> None:
+    """Claude Code puts a system message (and reminders) after the newest tool results: the last message and the
+    last user message are then not that step, and truncating it made the agent ask for the same step forever."""
+    big = "x " * 4000
+    messages = [sys(), user("the task"), call("a"), result("a", big), call("b"), result("b", big), sys("reminder")]
+    counts = [COUNTER.count_message(m) for m in messages]
+    fitted = fit_messages(messages, counts, budget=10, target=10, strategy="truncate_left")
+    kept = [m for m, keep in zip(messages, fitted.keep, strict=True) if keep]
+    assert call("b") in kept and result("b", big) in kept, "the newest call and its result were removed"
+    assert call("a") not in kept, "the older step was removable and the target was not reached"
+    assert not fitted.fits  # over budget with the step kept: the caller cuts oversized messages or refuses
