@@ -145,6 +145,24 @@ async def start_rig(
     return Rig(holder, runner, port, sim_runner, context, upstream_url)
 
 
+class ChatUpstream:
+    """A bare chat upstream on 127.0.0.1: a subclass's `answer` replies to every POST /v1/chat/completions;
+    `start()` gives the base URL a proxy points at, `runner.cleanup()` stops it."""
+
+    def __init__(self, max_body: int = 128 * 1024 * 1024) -> None:
+        self.app = web.Application(client_max_size=max_body)
+        self.app.router.add_post("/v1/chat/completions", self.answer)
+        self.runner = web.AppRunner(self.app)
+
+    async def start(self) -> str:
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
+
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+
 def chat_body(text: str = "Say hello.", *, stream: bool = False, model: str = "gpt-4o", **extra: Any) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": text}], "stream": stream, **extra}
 

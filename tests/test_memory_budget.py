@@ -26,26 +26,19 @@ from proxy.context.policy import ModelInfo
 from proxy.service.engine_service import EngineService
 from proxy.state.codec import journal_bytes, session_from, turns_bytes
 from proxy.state.memory import SessionStore
-from tests.harness import make_settings, start_rig
+from tests.harness import ChatUpstream, make_settings, start_rig
 from tests.redis_server import REDIS_SERVER, RedisServer
 
 MODEL = "budget-model"
 MB = 1024 * 1024
 
 
-class Upstream:
+class Upstream(ChatUpstream):
     """A bare chat upstream: keeps each body it was sent (by session), answers a completion with usage."""
 
     def __init__(self) -> None:
+        super().__init__(max_body=64 * MB)
         self.bodies: list[tuple[str, bytes]] = []
-        self.app = web.Application(client_max_size=64 * MB)
-        self.app.router.add_post("/v1/chat/completions", self.answer)
-        self.runner = web.AppRunner(self.app)
-
-    async def start(self) -> str:
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        return f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
 
     def sent(self, session: str) -> list[bytes]:
         return [body for name, body in self.bodies if name == session]

@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from proxy.context.policy import ModelInfo
+from tests.harness import ChatUpstream
 
 BIG_MODEL = "big-window"  # a model whose window holds the big conversation, so the engine does all its work
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega", "tau"]
@@ -71,22 +72,15 @@ async def _post(http: aiohttp.ClientSession, url: str, body: dict, session: str,
         return response.status
 
 
-class Upstream:
+class Upstream(ChatUpstream):
     """A bare upstream on 127.0.0.1: notes when each request's head came (the proxy's engine work is done by
     then), drains the body, answers a fixed completion, or `refuse_first` a context_length_exceeded."""
 
     def __init__(self, refuse_first: str = "") -> None:
+        super().__init__()
         self.arrivals: list[tuple[str, float]] = []  # (session, when its head came)
         self.refused: list[float] = []
         self.refuse_first = refuse_first
-        self.app = web.Application(client_max_size=128 * 1024 * 1024)
-        self.app.router.add_post("/v1/chat/completions", self.answer)
-        self.runner = web.AppRunner(self.app)
-
-    async def start(self) -> str:
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        return f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
 
     def came(self, session: str) -> list[float]:
         return [when for name, when in self.arrivals if name == session]
