@@ -7,7 +7,7 @@ shell and the recorded OpenAI streams of tests/data/sse loaded (replayed by `X-S
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ import pytest
 
 from proxy.demo.simulator import SimulatorConfig
 from tests.harness import Rig, start_rig
+from tests.redis_server import RedisServer
 
 SSE_DIR = Path(__file__).parent / "data" / "sse"
 RECORDED_STREAMS = {path.name: path.read_bytes() for path in sorted(SSE_DIR.glob("*.sse"))}
@@ -108,3 +109,12 @@ class RecordingService:
 
     def state_problem(self) -> None:
         return None
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server (Debian's) on a free port, for this test alone."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()

@@ -10,7 +10,6 @@ between two credentials.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +61,6 @@ async def learned(root: str, session: str, count: int) -> dict[str, Any]:
             return found
         await asyncio.sleep(0.1)
     raise AssertionError(f"no estimate on {count} finished sessions in 10 s: {found}")
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 async def test_finished_sessions_predict_the_turns_to_come(make_rig: MakeRig) -> None:

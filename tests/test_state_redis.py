@@ -59,14 +59,6 @@ redis_retry_s = 0.2
 """
 
 
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
-
-
 def write_config(folder: Path, upstream: str, redis_url: str = "") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "proxy.toml"
