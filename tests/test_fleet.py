@@ -18,9 +18,9 @@ import redis
 from proxy.demo.simulator import SIMULATOR, start_simulator
 from tests.harness import closed_port
 from tests.redis_server import REDIS_CLI, REDIS_SERVER, RedisCluster, RedisServer
-from tests.test_state_redis import Proxy, ask, redis_server, reference, turns, wait_healthy, write_config
+from tests.test_state_redis import Proxy, ask, reference, turns, wait_healthy, write_config
 
-__all__ = ["redis_server", "reference"]  # fixtures this module uses
+__all__ = ["reference"]  # a fixture this module uses (redis_server is conftest's)
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed (.ci/run installs it)")
 

@@ -15,9 +15,9 @@ import pytest
 from proxy.demo.simulator import SIMULATOR, start_simulator
 from tests.harness import closed_port
 from tests.redis_server import REDIS_SERVER, RedisServer
-from tests.test_state_redis import ask, redis_server, reference, turns, wait_healthy, write_config
+from tests.test_state_redis import ask, reference, turns, wait_healthy, write_config
 
-__all__ = ["redis_server", "reference"]  # fixtures this module uses
+__all__ = ["reference"]  # a fixture this module uses (redis_server is conftest's)
 
 
 def serve_command(config: Path, port: int, workers: int) -> list[str]:
