@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.config.loader import CapsuleSpec, ConfigHolder, Settings
+from proxy.config.loader import CapsuleSpec, ConfigHolder, Settings, StateConfig
 from proxy.context.calibration import Calibration
 from proxy.context.capsules import Capsule
 from proxy.context.pipeline import Outcome
@@ -78,6 +78,11 @@ MESSAGES_REUSED = METRICS.counter(
 )
 
 
+def _memo_budget(state: StateConfig) -> int:
+    """The body memos' bytes: `body_memo_mb`, within their share of `memory_mb`."""
+    return min(state.body_memo_bytes, state.memory_bytes // MEMO_SHARE)
+
+
 def _capsule(spec: CapsuleSpec) -> Capsule:
     return Capsule(id=spec.id, kind=spec.kind, text=spec.text, tags=list(spec.tags), confidence=spec.confidence)
 
@@ -109,8 +114,7 @@ class EngineService:
         self.store = store
         self.calibration = Calibration()
         self.cuts = CutCache()
-        state = holder.settings.state
-        self.bodies = BodyMemos(min(state.body_memo_bytes, state.memory_bytes // MEMO_SHARE))
+        self.bodies = BodyMemos(_memo_budget(holder.settings.state))
         store.also_held = lambda: self.bodies.held  # the memos count against the sessions' `memory_mb`
         self.chains = ResponseChains()  # which session a `previous_response_id` continues
         self.pool = EnginePool()
@@ -152,8 +156,7 @@ class EngineService:
         return self._parse_chat(raw, path_session, headers, _client(credential))
 
     def _parse_chat(self, raw: bytes, path_session: str | None, headers: Mapping[str, str], client: str) -> Parsed:
-        state = self.holder.settings.state  # follows a config reload
-        self.bodies.budget = min(state.body_memo_bytes, state.memory_bytes // MEMO_SHARE)
+        self.bodies.budget = _memo_budget(self.holder.settings.state)  # follows a config reload
         scope = f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
         parsed = self.bodies.parse(raw, scope)
         MEMORY_HELD.set(self.bodies.held, part="body_memos")
