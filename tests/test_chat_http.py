@@ -19,7 +19,7 @@ import pytest
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.tokens import canonical_bytes
 from proxy.demo.simulator import SIMULATOR, SimulatorConfig, start_simulator
-from proxy.service import engine_service as service
+from proxy.service import turn_metrics
 from proxy.service.engine_service import build_context_service
 from tests.harness import Rig, serve_proxy
 
@@ -218,13 +218,13 @@ async def test_sessions_beyond_max_sessions_are_evicted_oldest_first(tmp_path: P
 
 
 async def test_metrics_are_per_policy_never_per_session(rig: Rig, sim: Any) -> None:
-    before = service.TOKENS_BEFORE.value(policy="agents")
-    epochs = service.EPOCHS.value(policy="agents")
+    before = turn_metrics.TOKENS_BEFORE.value(policy="agents")
+    epochs = turn_metrics.EPOCHS.value(policy="agents")
     history = agent_turns(16)
     for n in range(1, 17):
         await ask(rig, history[: 2 + 2 * n], extra_headers={"X-Session-Id": "agent-metrics"})
-    assert service.TOKENS_BEFORE.value(policy="agents") > before
-    assert service.EPOCHS.value(policy="agents") > epochs
+    assert turn_metrics.TOKENS_BEFORE.value(policy="agents") > before
+    assert turn_metrics.EPOCHS.value(policy="agents") > epochs
     assert 1.0 <= rig.context.ratios[MODEL] < 1.1  # learned from usage: the simulator counts a little more
     async with aiohttp.ClientSession() as http, http.get(rig.root + "/metrics") as response:
         text = await response.text()

@@ -23,7 +23,7 @@ from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import CutCache
 from proxy.dialects import CHAT, Conversation, Dialect
 from proxy.errors import ContextOverflow
-from proxy.metrics import METRICS
+from proxy.service import turn_metrics
 from proxy.service.body_memos import BodyMemos, Parsed
 from proxy.service.chains import ResponseChains, UneditedTurn
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold
@@ -44,7 +44,6 @@ from proxy.state.sessions import (
 )
 from proxy.tokens.counter import counter_for
 
-_POLICY = ("policy",)
 log = logging.getLogger("proxy.service")
 T = TypeVar("T")
 # What one journal entry weighs in a turn's cost (`proxy.service.scheduling`): each turn copies the journal,
@@ -55,27 +54,6 @@ JOURNAL_ENTRY_COST = 64
 MEMO_SHARE = 4
 
 MAX_FALLBACK_WARNINGS = 256  # model names come from clients: warned about once each, up to this many
-TOKENS_BEFORE = METRICS.counter(
-    "context_proxy_tokens_before_total", "Prompt tokens the clients sent (estimated)", _POLICY
-)
-TOKENS_AFTER = METRICS.counter(
-    "context_proxy_tokens_after_total", "Prompt tokens forwarded upstream (estimated)", _POLICY
-)
-TOKENS_SAVED = METRICS.counter(
-    "context_proxy_tokens_saved_total", "Prompt tokens the engine removed (estimated)", _POLICY
-)
-EPOCHS = METRICS.counter("context_proxy_epochs_total", "Turns whose edit epoch changed the forwarded prefix", _POLICY)
-RECALL_MISSES = METRICS.counter(
-    "context_proxy_recall_misses_total",
-    "Turns whose agent message used what only content the proxy removed held",
-    _POLICY,
-)
-RERUNS = METRICS.counter(
-    "context_proxy_cleared_reruns_total", "Calls the agent re-ran after the proxy cleared their output", _POLICY
-)
-MESSAGES_REUSED = METRICS.counter(
-    "context_proxy_messages_reused_total", "Messages taken from the session's last body instead of parsed again"
-)
 
 
 def _memo_budget(state: StateConfig) -> int:
@@ -161,7 +139,7 @@ class EngineService:
         parsed = self.bodies.parse(raw, scope)
         MEMORY_HELD.set(self.bodies.held, part="body_memos")
         if parsed.reused:
-            MESSAGES_REUSED.inc(parsed.reused)
+            turn_metrics.MESSAGES_REUSED.inc(parsed.reused)
         return parsed
 
     def _parse(
@@ -376,15 +354,15 @@ class EngineService:
 
     def _record_metrics(self, policy: str, outcome: Outcome) -> None:
         report = outcome.report
-        TOKENS_BEFORE.inc(report.tokens_before, policy=policy)
-        TOKENS_AFTER.inc(report.tokens_after, policy=policy)
-        TOKENS_SAVED.inc(max(0, report.tokens_before - report.tokens_after), policy=policy)
+        turn_metrics.TOKENS_BEFORE.inc(report.tokens_before, policy=policy)
+        turn_metrics.TOKENS_AFTER.inc(report.tokens_after, policy=policy)
+        turn_metrics.TOKENS_SAVED.inc(max(0, report.tokens_before - report.tokens_after), policy=policy)
         if report.epoch:
-            EPOCHS.inc(policy=policy)
+            turn_metrics.EPOCHS.inc(policy=policy)
         if report.recall_missed:
-            RECALL_MISSES.inc(policy=policy)
+            turn_metrics.RECALL_MISSES.inc(policy=policy)
         if report.reruns:
-            RERUNS.inc(report.reruns, policy=policy)
+            turn_metrics.RERUNS.inc(report.reruns, policy=policy)
 
 
 def _is_retry(session: Session, conversation: Conversation) -> bool:

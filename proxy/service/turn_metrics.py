@@ -1,0 +1,29 @@
+"""The counters each engine turn adds to `/metrics` (`EngineService` counts them; moved out of it whole)."""
+
+from __future__ import annotations
+
+from proxy.metrics import METRICS
+
+_POLICY = ("policy",)
+
+TOKENS_BEFORE = METRICS.counter(
+    "context_proxy_tokens_before_total", "Prompt tokens the clients sent (estimated)", _POLICY
+)
+TOKENS_AFTER = METRICS.counter(
+    "context_proxy_tokens_after_total", "Prompt tokens forwarded upstream (estimated)", _POLICY
+)
+TOKENS_SAVED = METRICS.counter(
+    "context_proxy_tokens_saved_total", "Prompt tokens the engine removed (estimated)", _POLICY
+)
+EPOCHS = METRICS.counter("context_proxy_epochs_total", "Turns whose edit epoch changed the forwarded prefix", _POLICY)
+RECALL_MISSES = METRICS.counter(
+    "context_proxy_recall_misses_total",
+    "Turns whose agent message used what only content the proxy removed held",
+    _POLICY,
+)
+RERUNS = METRICS.counter(
+    "context_proxy_cleared_reruns_total", "Calls the agent re-ran after the proxy cleared their output", _POLICY
+)
+MESSAGES_REUSED = METRICS.counter(
+    "context_proxy_messages_reused_total", "Messages taken from the session's last body instead of parsed again"
+)
