@@ -26,6 +26,9 @@ class Compaction:
 
     def __init__(self) -> None:
         self._emitted: dict[tuple[int, str], Message] = {}  # one request's renders: each compaction applied once
+        self._before_arrival = Places()  # the outputs before the latest new one, as they stand (one request's)
+        self._indexed = 0  # messages before this index are in _before_arrival
+        self._targets: set[int] | None = None  # the request's dedup targets, as the first arrival found them
 
     def emit(self, draft: Draft, i: int, decision: Decision) -> Message:
         key = (i, decision.reference)
@@ -38,10 +41,22 @@ class Compaction:
         return message
 
     def arrived(self, draft: Draft, i: int) -> bool:
-        """Compact new output `i` (not the last message: nothing of it is cached yet); True when it was."""
-        if not _candidate(draft, i, _dedup_targets(draft)):
+        """Compact new output `i` (not the last message: nothing of it is cached yet); True when it was.
+
+        New outputs arrive in order, each decided before the next: the outputs before them are indexed once a
+        request, not again for each (a cold turn of N outputs was N² in their lines: issue 29 item 3). Dedup
+        targets are found once too: a decision made meanwhile points at an earlier output, never at `i`."""
+        if i < self._indexed:  # not in order: start the index again
+            self._before_arrival, self._indexed = Places(), 0
+        for j in range(self._indexed, i):
+            if (text := self.standing(draft, j)) is not None:
+                self._before_arrival.add(j, text)
+        self._indexed = i
+        if self._targets is None:
+            self._targets = _dedup_targets(draft)
+        if not _candidate(draft, i, self._targets):
             return False
-        return self._compact(draft, i, _places(draft, i, self)) is not None
+        return self._compact(draft, i, self._before_arrival) is not None
 
     def after_newest(self, draft: Draft) -> int | None:
         """Compact last request's newest message when that pays; the client index compacted, or None.
