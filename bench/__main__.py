@@ -1,5 +1,5 @@
-"""`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|request-profile|stall|ab|smoke`
-`|quality|hindsight|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude|fleet`
+"""`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|request-profile|stall|stall-items|ab`
+`|smoke|quality|hindsight|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude|fleet`
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -73,6 +73,12 @@ def _stall(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import stall
 
     return asyncio.run(stall.run_stall(rounds=ns.n or 3)), stall.render
+
+
+def _stall_items(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import stall_items
+
+    return asyncio.run(stall_items.run_stall_items(ns.ref)), stall_items.render
 
 
 def _ab(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -171,6 +177,7 @@ COMMANDS: dict[str, Runner] = {
     "profile": _profile,
     "request-profile": _request_profile,
     "stall": _stall,
+    "stall-items": _stall_items,
     "ab": _ab,
     "smoke": _smoke,
     "quality": _quality,
@@ -197,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         "MB (long-event)",
     )
     parser.add_argument(
-        "--ref", default=None, help="ab (default HEAD~1), long-event: the git revision to compare the working tree with"
+        "--ref",
+        default=None,
+        help="ab (default HEAD~1), long-event, stall-items: the git revision to compare the working tree with",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the raw result as JSON")
     parser.add_argument("--set", action="append", help="quality: only this set of traces (repeatable), e.g. 'others A'")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +65,36 @@ def tree_at(ref: str) -> Iterator[Path]:
         archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
         yield Path(folder)
+
+
+_LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")
+
+
+@contextlib.asynccontextmanager
+async def serve_config(tree: Path, config: Path, upstream: str, timeout_s: float = 60) -> AsyncIterator[int]:
+    """`context-proxy serve --config CONFIG` run from `tree` (its own code), as a user starts it; its port.
+
+    Its log goes to serve.log beside the config (and is shown when it does not start); SIGTERM at the end.
+    """
+    log_path = config.parent / "serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0", "--upstream", upstream],
+            cwd=tree,
+            env={**os.environ, "PYTHONPATH": str(tree)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not (listening := _LISTENING.search(log_path.read_text(errors="replace"))):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"serve from {tree} did not start:\n{log_path.read_text()[-2000:]}")
+            await asyncio.sleep(0.1)
+        yield int(listening.group(1))
+    finally:
+        Server("serve", proc, 0).stop()
 
 
 def spawn(kind: str, *args: str, tree: Path = ROOT) -> Server:
