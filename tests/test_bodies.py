@@ -70,6 +70,28 @@ def test_an_edited_history_is_parsed_in_full_and_then_remembered_again():
     assert_same_as_full_parse(parsed, sdk_json(grown))
 
 
+def test_the_other_fields_are_read_anew_when_their_bytes_change_and_kept_while_they_do_not():
+    """A warm body whose bytes besides the new messages are the last body's keeps its parsed fields (and notes)."""
+    memos = BodyMemos(64 * MB)
+    turns = [messages for messages, _ in requests(TRACE)][:6]
+    tools = [TRACE.tools, TRACE.tools, TRACE.tools[:1], TRACE.tools[:1], TRACE.tools[:1], TRACE.tools]
+    wide = [False, False, False, True, True, False]  # a field holding an integer past 64 bits, parsed exactly
+    kept = [None, True, False, False, True, False]
+    full = [True, False, False, True, False, False]  # a new field past 64 bits takes the full parse
+    previous = None
+    for messages, tools_now, big, keeps, parsed_in_full in zip(turns, tools, wide, kept, full, strict=True):
+        body = {"model": "gpt-4o", "messages": messages, "tools": tools_now, "stream": True}
+        raw = sdk_json({**body, "seed": "BIG"} if big else body).replace(b'"BIG"', b"%d" % 2**64)
+        parsed = memos.parse(raw, "s")
+        assert orjson.dumps(parsed.body) == orjson.dumps(parse_chat_body(raw))  # what goes upstream
+        assert parsed.digests == [message_digest(m) for m in parsed.body["messages"]]
+        assert parsed.reused == (0 if parsed_in_full else len(previous.body["messages"]))
+        if previous is not None:
+            assert (parsed.notes is previous.notes) is keeps
+            assert (parsed.body["tools"] is previous.body["tools"]) is keeps
+        previous = parsed
+
+
 def test_a_memo_serves_only_its_own_scope():
     memos = BodyMemos(64 * MB)
     first, second = list(bodies())[:2]

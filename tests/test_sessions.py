@@ -19,6 +19,7 @@ from proxy.state.sessions import (
     MAX_TURNS_KEPT,
     Session,
     TurnStats,
+    agent_fingerprint,
     sanitize_session_id,
     session_id_for,
 )
@@ -292,3 +293,23 @@ def test_saving_a_long_session_is_cheap(tmp_path) -> None:
     for _ in range(20):
         store.save(session)
     assert (time.perf_counter() - start) / 20 < 0.02
+
+
+def test_an_agent_fingerprint_kept_in_a_body_memos_notes_is_the_one_computed_afresh() -> None:
+    """The notes come back while the tools are the same: the fingerprint is reused only for the same system prompt."""
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    body = {"model": "m", "tools": tools, "messages": [SYSTEM, TASK]}
+    notes: dict[str, Any] = {}
+    first = agent_fingerprint("key", CHAT.conversation(body), notes)
+    assert first == agent_fingerprint("key", CHAT.conversation(body))
+    assert agent_fingerprint("key", CHAT.conversation(body), notes) == first
+    other = {"role": "system", "content": "You are a reviewer."}
+    changed = {**body, "messages": [other, TASK]}  # the notes of the same tools, another system prompt
+    assert (
+        agent_fingerprint("key", CHAT.conversation(changed), notes)
+        == agent_fingerprint("key", CHAT.conversation(changed))
+        != first
+    )
+    late = {**body, "messages": [TASK, SYSTEM]}  # no system prompt first, one arriving later
+    assert agent_fingerprint("key", CHAT.conversation({**body, "messages": [TASK]}), notes) != first
+    assert agent_fingerprint("key", CHAT.conversation(late), notes) == agent_fingerprint("key", CHAT.conversation(late))

@@ -10,6 +10,8 @@ When the next body starts with exactly those bytes, only the rest is parsed: the
 remembered messages are replaced by one marker element, which leaves a JSON document that
 parses to the same body (a JSON parser's state after a prefix depends only on the prefix's
 bytes), and the marker must come back as the first message, or the full parse is used.
+When the bytes after the messages are the last body's too (an agent's tools, model and options
+rarely change), only the new messages are parsed and the other fields are the last body's values.
 Every other case (a first request, an edited history, a body this module cannot read)
 takes the full parse, which remains the reference.
 """
@@ -21,13 +23,13 @@ import re
 import secrets
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from proxy.context.messages import message_digest
-from proxy.dialects.body_checks import check_messages, has_wide_number, parse_chat_body
+from proxy.dialects.body_checks import check_messages, has_wide_number, may_hold_wide_integer, parse_chat_body
 
 # Stands in for the remembered messages; random per process, so no client can send it.
 MARKER = "\x00context-proxy-remembered-" + secrets.token_hex(16)
@@ -51,6 +53,10 @@ class Parsed:
     body: dict[str, Any]
     digests: list[bytes]
     reused: int = 0  # messages taken from the memo instead of parsed
+    # The caller's notes on what follows from the body but its new messages (its tools, its first messages):
+    # the same dict comes back for the conversation's next bodies while every byte but their new messages is
+    # the same (the body's other fields are then the very objects parsed before); a new dict otherwise.
+    notes: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +65,14 @@ class _Memo:
     start: int  # offset of its first message
     messages: list[dict[str, Any]]  # parsed; shared with later turns, never mutated
     digests: list[bytes]
+    after: bytes  # the body after its last message: the array's close and the fields that follow
+    body: dict[str, Any]  # the body parsed: its other fields are reused while `after` is unchanged; never mutated
+    notes: dict[str, Any]
 
     @property
     def cost(self) -> int:
-        """Bytes held, roughly: the raw prefix plus its parsed objects (about twice the JSON)."""
-        return 3 * len(self.prefix)
+        """Bytes held, roughly: the raw bytes kept plus their parsed objects (about twice the JSON)."""
+        return 3 * (len(self.prefix) + len(self.after))
 
 
 def array_end(raw: bytes, at: int) -> int | None:
@@ -103,9 +112,9 @@ def messages_start(raw: bytes) -> int | None:
     return None
 
 
-def _remembered(raw: bytes, body: dict[str, Any], digests: list[bytes]) -> _Memo | None:
+def _remembered(raw: bytes, parsed: Parsed) -> _Memo | None:
     """A memo of a fully parsed body, when its messages array can be located and checked."""
-    messages = body["messages"]
+    body, messages = parsed.body, parsed.body["messages"]
     start = messages_start(raw)
     if start is None or not messages:
         return None
@@ -120,30 +129,46 @@ def _remembered(raw: bytes, body: dict[str, Any], digests: list[bytes]) -> _Memo
         return None
     if not isinstance(check, dict) or check.get("messages") != [MARKER]:
         return None
-    return _Memo(raw[:end], start, messages, digests)
+    return _Memo(raw[:end], start, messages, parsed.digests, raw[end:], body, parsed.notes)
 
 
 def _extend(memo: _Memo, raw: bytes) -> tuple[Parsed, _Memo] | None:
     """The body parsed past the memo's messages, and its memo; None when the shortcut does not hold."""
     known = len(memo.prefix)
-    try:
-        body = orjson.loads(raw[: memo.start] + _MARKER_JSON + raw[known:])
-    except orjson.JSONDecodeError:
-        return None  # the full parse gives the client its exact error
-    if not isinstance(body, dict) or has_wide_number(body):
-        return None  # not a body to extend (the full parse judges it), or one to parse exactly (body_checks)
-    tail = body.get("messages")
-    if not isinstance(tail, list) or not tail or tail[0] != MARKER:
-        return None
     end = array_end(raw, known)
     if end is None:
+        return None
+    after = raw[end:]
+    if after == memo.after:  # only the new messages are new: the other fields are the last body's, as parsed
+        fresh = raw[known:end]
+        tail = _loads(b"[" + _MARKER_JSON + fresh + b"]")
+        if not isinstance(tail, list) or (may_hold_wide_integer(fresh) and has_wide_number(tail)):
+            return None
+        body, notes = dict(memo.body), memo.notes
+    else:
+        body = _loads(raw[: memo.start] + _MARKER_JSON + raw[known:])
+        if not isinstance(body, dict):
+            return None  # not a body to extend: the full parse judges it (and gives the client its exact error)
+        if (may_hold_wide_integer(raw[: memo.start]) or may_hold_wide_integer(raw[known:])) and has_wide_number(body):
+            return None  # one to parse exactly (body_checks)
+        tail, notes = body.get("messages"), {}
+    if not isinstance(tail, list) or not tail or tail[0] != MARKER:
         return None
     new = tail[1:]
     check_messages(new, offset=len(memo.messages))
     messages = memo.messages + new
     digests = memo.digests + [message_digest(m) for m in new]
     body["messages"] = messages
-    return Parsed(body, digests, reused=len(memo.messages)), _Memo(raw[:end], memo.start, messages, digests)
+    parsed = Parsed(body, digests, reused=len(memo.messages), notes=notes)
+    return parsed, _Memo(raw[:end], memo.start, messages, digests, after, body, notes)
+
+
+def _loads(doc: bytes) -> Any:
+    """`doc` parsed, or None where it does not parse."""
+    try:
+        return orjson.loads(doc)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _opening(digests: list[bytes]) -> bytes:
@@ -185,12 +210,13 @@ class BodyMemos:
                 return parsed
         body = parse_chat_body(raw)
         digests = [message_digest(m) for m in body["messages"]]
+        parsed = Parsed(body, digests)
         if self._worth_remembering(scope, digests, [memo for _, memo in candidates]):
-            remembered = _remembered(raw, body, digests)
+            remembered = _remembered(raw, parsed)
             if remembered is not None and remembered.cost <= self.budget:
                 with self._lock:
                     self._add(scope, remembered)
-        return Parsed(body, digests)
+        return parsed
 
     def _worth_remembering(self, scope: str, digests: list[bytes], candidates: list[_Memo]) -> bool:
         """False for a conversation whose history keeps changing: its memos would never be used.

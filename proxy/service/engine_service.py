@@ -151,12 +151,12 @@ class EngineService:
         credential: str,
         client: str,
     ) -> _Request:
-        if dialect is CHAT:
-            parsed = self._parse_chat(raw, path_session, headers, client)
-            body, digests = parsed.body, parsed.digests
-        else:
-            body, digests = dialect.parse(raw), None
-        return self._resolve(dialect, body, digests, path_session, headers, credential, client, size=len(raw))
+        parsed = self._parse_chat(raw, path_session, headers, client) if dialect is CHAT else None
+        body, digests = (parsed.body, parsed.digests) if parsed else (dialect.parse(raw), None)
+        notes = parsed.notes if parsed else None
+        return self._resolve(
+            dialect, body, digests, path_session, headers, credential, client, size=len(raw), notes=notes
+        )
 
     def prepare(
         self,
@@ -190,8 +190,10 @@ class EngineService:
         client: str,
         *,
         size: int,
+        notes: dict[str, Any] | None = None,
     ) -> _Request:
-        """Which session the body belongs to and what it runs under; no session state is touched."""
+        """Which session the body belongs to and what it runs under; no session state is touched (`notes`: the
+        body memo's, proxy.service.body_memos.Parsed: what follows from the tools is kept there)."""
         hints = dialect.session_hints(headers, body)
         if reason := dialect.unedited_reason(body):
             session_id = session_id_for(path_session, headers, hints, credential, Conversation([], []))
@@ -211,7 +213,7 @@ class EngineService:
             model = replace(model, context_window=window)
         capsules, capsule_bytes = self._capsules(specs)
         key = scoped_key(session_id, credential)
-        agent = agent_fingerprint(credential, conversation)
+        agent = agent_fingerprint(credential, conversation, notes)
         return _Request(
             key,
             client,

@@ -75,19 +75,30 @@ def fingerprint(credential: str, messages: Sequence[Message], digests: Sequence[
     return f"{FINGERPRINT_PREFIX}{hasher.hexdigest()[:32]}"
 
 
-def agent_fingerprint(credential: str, conversation: Conversation) -> str:
+def agent_fingerprint(credential: str, conversation: Conversation, notes: dict[str, Any] | None = None) -> str:
     """Which agent a session is a run of: what stays fixed across its runs (the tools' names and schemas, the
-    start of the system prompt), within the credential's scope, so two tenants never share a history."""
+    start of the system prompt), within the credential's scope, so two tenants never share a history.
+
+    `notes`: a dict that comes back only while the credential and the tools are the same (a body memo's,
+    proxy.service.body_memos); the fingerprint is kept there and reused while the system message is the same
+    object, so a warm turn does not dump and hash the tools again."""
+    i = _first(conversation.messages, ("system", "developer"))
+    system = conversation.messages[i] if i is not None else None
+    known = notes.get("agent") if notes is not None else None
+    if known is not None and known[0] is system:
+        return str(known[1])
     hasher = hashlib.sha256(hashlib.sha256(credential.encode("utf-8", "surrogatepass")).digest())
     if conversation.tools:
         hasher.update(orjson.dumps(conversation.tools, option=orjson.OPT_SORT_KEYS, default=repr))
     hasher.update(b"\x00")
-    i = _first(conversation.messages, ("system", "developer"))
-    if i is not None:
-        content = conversation.messages[i].get("content")
+    if system is not None:
+        content = system.get("content")
         text = content if isinstance(content, str) else orjson.dumps(content, default=repr).decode()
         hasher.update(text[:AGENT_SYSTEM_CHARS].encode("utf-8", "surrogatepass"))
-    return hasher.hexdigest()[:24]
+    found = hasher.hexdigest()[:24]
+    if notes is not None:
+        notes["agent"] = (system, found)
+    return found
 
 
 def session_id_for(
