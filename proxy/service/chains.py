@@ -81,6 +81,7 @@ class UneditedTurn:
     headers: dict[str, str] = field(default_factory=dict)
     strip_usage_chunk: bool = False
     unchanged: bool = True
+    commits: bool = False  # the upstream holds the history: nothing of this turn is shared
 
     def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None:
         self.chain(payloads)

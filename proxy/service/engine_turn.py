@@ -142,6 +142,11 @@ class EngineTurn:
         return self.inputs.dialect
 
     @property
+    def commits(self) -> bool:
+        """Whether `commit` writes anything: only a shared store's does (memory and SQLite keep this copy)."""
+        return self.store.commits
+
+    @property
     def model(self) -> str:
         return self.inputs.conversation.model
 

@@ -20,6 +20,9 @@ class PreparedTurn(Protocol):
     strip_usage_chunk: bool  # we asked upstream for include_usage; drop that chunk before the client
     unchanged: bool  # `body` is exactly the client's body: its own bytes are forwarded, not re-serialised
 
+    @property
+    def commits(self) -> bool: ...  # `commit` writes somewhere (a shared session store); False: it is not called
+
     # The JSON response body, or every SSE event payload that held a usage object (the dialect reads them).
     def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None: ...
 
@@ -58,6 +61,7 @@ class PassthroughTurn:
     strip_usage_chunk: bool = False
     payloads: Sequence[Mapping[str, Any]] = ()
     unchanged: bool = True
+    commits: bool = False
 
     def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None:
         self.payloads = payloads

@@ -123,9 +123,12 @@ async def rewrite(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     """A rewritten route (one per dialect): validate, let the engine prepare the turn, forward, relay."""
     async with buffered_body(request, request.app[HOLDER].settings) as raw:  # held against the budget until sent
         turn = await _prepare(request, dialect, raw)
-        await turn.commit()  # a shared session store may re-run the turn on a newer journal here
+        if turn.commits:
+            await turn.commit()  # a shared session store may re-run the turn on a newer journal here
         response, head = await _send(request, dialect, turn, raw)
     relayed = await relay(request, response, turn=turn, route=dialect.name, prefix=head, api=dialect.name)
+    if not turn.commits:  # nothing to share: no task to shield it from the client's hang-up
+        return relayed
     try:  # its usage (and a refit's journal), before a chunked answer ends; a client gone meanwhile cannot stop it
         await asyncio.shield(turn.commit())
     except asyncio.CancelledError as exc:

@@ -65,6 +65,7 @@ class SessionStore:
     # This process sees every request of its sessions, so `Session.idle_s` is the real idle time (a shared
     # store's copy may be behind another process's turns: its idle time is not known).
     knows_idle = True
+    commits = False  # `commit` writes nothing (a shared store's does)
 
     def __init__(
         self,
@@ -151,7 +152,8 @@ class SessionStore:
         (SQLite); read off the loop. Called holding the session's gate, before its turn."""
 
     async def commit(self, turn: StoredTurn) -> None:
-        """Make the turn's state shared before it is sent (and its usage, after): only a shared store does."""
+        """Make the turn's state shared before it is sent (and its usage, after): only a shared store does
+        (and says so by `commits`, so the shell skips a call that does nothing)."""
 
     async def shared_rows(self, limit: int) -> list[dict[str, Any]]:
         """The `/sessions` rows of every process's sessions, when the store is shared (Redis); else none."""

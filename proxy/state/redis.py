@@ -139,6 +139,7 @@ class RedisStore(SessionStore):
 
     persistent = True
     knows_idle = False
+    commits = True
 
     def __init__(
         self,
