@@ -2,12 +2,12 @@
 
 Two parts. The transforms: every tool output of every trace compacted against all earlier outputs
 (the most any rule could point at), as a share of the output tokens each removes: runs of lines
-standing in an earlier output, lines repeated back to back. The policy: each set replayed through
-`process` with `compact` on and off and `mode = "lossless"` (`bench.quality.measure`: the same bills and
-lost measure as `bench quality`), at 128k and 32k, d = 1 / 0.5 / 0.1. And what bounds it at d = 0.1: every
-output compacted against every earlier one, whatever it costs, billed with the same cache model, with the
-newest output as the client sent it (the proxy's rule) and compacted on arrival too (a peer's that edits
-what the agent is shown).
+standing in an earlier output, runs standing higher up in the same output, lines repeated back to back.
+The policy: each set replayed through `process` with `compact` on and off and `mode = "lossless"`
+(`bench.quality.measure`: the same bills and lost measure as `bench quality`), at 128k and 32k,
+d = 1 / 0.5 / 0.1. And what bounds it at d = 0.1: every output compacted against every earlier one,
+whatever it costs, billed with the same cache model, with the newest output as the client sent it (the
+proxy's rule) and compacted on arrival too (a peer's that edits what the agent is shown).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.quality import Send, Setting, held_out, policy_row
 from bench.stats import table
-from proxy.context.compact import REPEATED, Places, apply, sources_of
+from proxy.context.compact import OWN, REPEATED, Places, apply, sources_of
 from proxy.context.messages import content_text, is_tool_output
 from proxy.context.patterns import compile_patterns
 from proxy.context.tokens import Counter
@@ -45,7 +45,7 @@ def sets() -> dict[str, list[str | Path]]:
 
 def transforms(traces: list[Trace], counter: Counter) -> dict[str, float]:
     """The share of all output tokens each transform removes, every output compacted against all before it."""
-    total = runs_saved = repeats_saved = 0
+    total = runs_saved = own_saved = repeats_saved = 0
     for trace in traces:
         patterns = compile_patterns(policy_for(trace).clear_tool_outputs.observation_patterns)
         places = Places()
@@ -57,10 +57,17 @@ def transforms(traces: list[Trace], counter: Counter) -> dict[str, float]:
             size = counter.count_text(text)
             total += size
             labels = {run.source: "the output of call c0 above" for run in runs}
-            runs_saved += size - counter.count_text(apply(text, [r for r in runs if r.source != REPEATED], labels))
+            runs_saved += size - counter.count_text(apply(text, [r for r in runs if r.source >= 0], labels))
+            own_saved += size - counter.count_text(apply(text, [r for r in runs if r.source == OWN], labels))
             repeats_saved += size - counter.count_text(apply(text, [r for r in runs if r.source == REPEATED], labels))
             places.add(i, text)
-    return {"output_tokens": total, "runs": runs_saved / max(1, total), "repeats": repeats_saved / max(1, total)}
+    share = 1 / max(1, total)
+    return {
+        "output_tokens": total,
+        "runs": runs_saved * share,
+        "own": own_saved * share,
+        "repeats": repeats_saved * share,
+    }
 
 
 def every_output_compacted(trace: Trace, newest_too: bool) -> Send:
@@ -113,9 +120,9 @@ def render(result: dict[str, Any]) -> str:
     lines = ["Transforms (share of all output tokens removed, each output against all earlier ones):"]
     lines.append(
         table(
-            ["set", "output tokens", "runs standing in an earlier output", "lines repeated back to back"],
+            ["set", "output tokens", "runs standing in an earlier output", "higher up in the same", "lines repeated"],
             [
-                [name, t["output_tokens"], f"{t['runs']:.3f}", f"{t['repeats']:.3f}"]
+                [name, t["output_tokens"], f"{t['runs']:.3f}", f"{t['own']:.3f}", f"{t['repeats']:.3f}"]
                 for name, t in result["transforms"].items()
             ],
         )

@@ -2,7 +2,9 @@
 
 Agents re-read the files they work on and re-run the same tests: an output often repeats runs of
 lines an earlier output still sent word for word holds. Each such run becomes one line naming the
-earlier output and its line numbers; a line repeated back to back is kept once with its count. Every
+earlier output and its line numbers; a run the output itself already holds higher up (a traceback
+printed twice, one frame per recursion) names its own lines; a line repeated back to back is kept once
+with its count. Every
 line the agent saw stays findable in the request. A compaction is a list of `Run`s, small enough
 for the journal: applying it to the client's own message is cheap and gives the same bytes every turn.
 """
@@ -20,12 +22,15 @@ ANCHOR_CHARS = 8
 # Per line, the most recent places it stands that a run may start from: bounds the search on long sessions.
 MAX_PLACES = 8
 REPEATED = -1  # a run's `source` when it repeats the line before it
+OWN = -2  # a run's `source` when it repeats lines the same output holds higher up, as sent
+OWN_LABEL = "this output"
 
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """Lines `start` to `start + length` of the output: the same as `source`'s lines from `line` on (or,
-    with `source == REPEATED`, the line before `start` again, `length` times)."""
+    """Lines `start` to `start + length` of the output: the same as `source`'s lines from `line` on (as that
+    output is sent; with `source == OWN`, this output's, higher up), or, with `source == REPEATED`, the line
+    before `start` again, `length` times."""
 
     start: int
     length: int
@@ -77,15 +82,21 @@ class Places:
                     del found[0]
 
     def runs(self, text: str) -> list[Run]:
-        """The runs of `text` to point at instead of sending: lines standing in a source, longest first at
-        each line, the newest source on a tie; then lines repeated back to back."""
+        """The runs of `text` to point at instead of sending: lines standing in a source or higher up in `text`
+        itself (sent as they are), longest first at each line, the newest source on a tie; then lines
+        repeated back to back."""
         lines = text.split("\n")
+        own = _Own()
         runs: list[Run] = []
         p, n = 0, len(lines)
         while p < n:
             best = self._longest(lines, p)
+            mine = own.longest(lines, p)
+            if mine is not None and (best is None or mine.length > best.length):
+                best = mine
             if best is not None and best.length >= MIN_RUN_LINES and _chars(lines, best) >= MIN_RUN_CHARS:
                 runs.append(best)
+                own.pointer()
                 p += best.length
                 continue
             repeats = 0
@@ -93,8 +104,11 @@ class Places:
                 repeats += 1
             if repeats >= MIN_RUN_LINES:
                 runs.append(Run(p + 1, repeats, REPEATED))
+                own.kept(lines, p)
+                own.pointer()
                 p += 1 + repeats
                 continue
+            own.kept(lines, p)
             p += 1
         return runs
 
@@ -108,6 +122,48 @@ class Places:
                 length += 1
             if best is None or length >= best.length:
                 best = Run(p, length, source, k)
+        return best
+
+
+class _Own:
+    """The lines of the output being compacted that it sends as they are, so far: where a later run of its own
+    lines may point. Lines sent as they are stand next to each other in what is sent between two pointers."""
+
+    def __init__(self) -> None:
+        self.places: dict[str, list[int]] = {}  # line -> its positions in the client's text, kept as sent
+        self.sent: dict[int, int] = {}  # position in the client's text -> line number in what is sent
+        self.next = 0  # the line number in what is sent of the next line
+
+    def kept(self, lines: list[str], p: int) -> None:
+        """Line `p` is sent as it is."""
+        if len(lines[p].strip()) >= ANCHOR_CHARS:
+            found = self.places.setdefault(lines[p], [])
+            found.append(p)
+            if len(found) > MAX_PLACES:
+                del found[0]
+        self.sent[p] = self.next
+        self.next += 1
+
+    def pointer(self) -> None:
+        """A pointer line is sent next."""
+        self.next += 1
+
+    def longest(self, lines: list[str], p: int) -> Run | None:
+        """The longest run from line `p` on that stands higher up as sent: lines before `p`, each sent as it is
+        and next to the one before it in what is sent."""
+        best: Run | None = None
+        n, sent = len(lines), self.sent
+        for k in self.places.get(lines[p], ()):
+            length = 1
+            while (
+                p + length < n
+                and k + length < p
+                and sent.get(k + length) == sent[k] + length
+                and lines[p + length] == lines[k + length]
+            ):
+                length += 1
+            if best is None or length >= best.length:
+                best = Run(p, length, OWN, sent[k])
         return best
 
 
@@ -125,8 +181,8 @@ def apply(text: str, runs: Sequence[Run], labels: dict[int, str]) -> str:
         if run.source == REPEATED:
             out.append(f"[previous line repeated {run.length} more times]")
         else:
-            last = run.line + run.length
-            out.append(f"[{run.length} lines here are lines {run.line + 1}-{last} of {labels[run.source]}, unchanged]")
+            last, label = run.line + run.length, OWN_LABEL if run.source == OWN else labels[run.source]
+            out.append(f"[{run.length} lines here are lines {run.line + 1}-{last} of {label}, unchanged]")
         p = run.start + run.length
     out.extend(lines[p:])
     return "\n".join(out)
@@ -134,4 +190,4 @@ def apply(text: str, runs: Sequence[Run], labels: dict[int, str]) -> str:
 
 def sources_of(runs: Sequence[Run]) -> set[int]:
     """The client indices of the outputs a compaction points into."""
-    return {run.source for run in runs if run.source != REPEATED}
+    return {run.source for run in runs if run.source >= 0}

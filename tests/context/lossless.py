@@ -49,6 +49,8 @@ def _expand(request: Sequence[dict], at: int, sent: list[str], outputs: Sequence
 
 def _source(request: Sequence[dict], at: int, label: str, outputs: Sequence[bool]) -> int:
     """The index in `request` of the output a pointer in `request[at]` names by `label`."""
+    if label == "this output":
+        return at
     if label.startswith("the output of call "):
         call = label.removeprefix("the output of call ").removesuffix(" above")
         return next(k for k in range(at - 1, -1, -1) if request[k].get("tool_call_id") == call)  # the nearest

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from proxy.context import ClearPolicy, HeuristicCounter, ModelInfo, Policy
-from proxy.context.compact import REPEATED, Places, Run, apply, decode, encode
+from proxy.context.compact import OWN, REPEATED, Places, Run, apply, decode, encode
 from proxy.context.journal import COMPACTED, Journal
 from proxy.context.messages import is_tool_output
 from proxy.context.patterns import compile_patterns
@@ -109,6 +109,31 @@ def test_runs_point_into_earlier_outputs_and_fold_a_line_repeated_back_to_back()
         "[previous line repeated 2 more times]",
         "end",
     ]
+
+
+def test_a_traceback_printed_twice_in_one_output_points_the_second_time_at_the_first():
+    frames = [f'  File "/testbed/django/db/models/module_{k}.py", line {k}, in execute_{k}' for k in range(4)]
+    text = "\n".join(["Traceback (most recent call last):", *frames, "ERROR: test_one", "Traceback:", *frames, "end"])
+    runs = Places().runs(text)
+    assert runs == [Run(7, 4, OWN, 1)]
+    assert decode(encode(runs)) == runs
+    sent = apply(text, runs, {})
+    pointer = "[4 lines here are lines 2-5 of this output, unchanged]"
+    assert sent.split("\n")[5:] == ["ERROR: test_one", "Traceback:", pointer, "end"]
+    assert expanded([{"role": "tool", "content": sent}], 0) == text
+
+
+def test_a_run_of_its_own_lines_points_only_at_lines_sent_as_they_are():
+    places = Places()
+    shared = [f"django/db/backends/module_{k}/operations.py:{k}: def convert_field_to_tz(self):" for k in range(3)]
+    places.add(3, "\n".join(shared))
+    own = [f"FAILED tests/test_timezones.py::test_convert_field_{k} - AssertionError: naive" for k in range(2)]
+    text = "\n".join(["new", *shared, *own, "between", *shared, *own])
+    # the first `shared` is sent as a pointer into output 3: the second points there too, not at that pointer
+    assert places.runs(text) == [Run(1, 3, 3, 0), Run(7, 3, 3, 0), Run(10, 2, OWN, 2)]
+    assert apply(text, places.runs(text), {3: "the output of call c3 above"}).split("\n")[-1] == (
+        "[2 lines here are lines 3-4 of this output, unchanged]"
+    )
 
 
 @pytest.mark.parametrize("discount", [1.0, 0.1])
