@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import importlib.resources
+import random
 
 import pytest
 
@@ -90,3 +91,13 @@ def test_the_message_cache_is_bounded() -> None:
     for i in range(50):
         counter.count_message({"role": "user", "content": f"message {i}"})
     assert len(counter._cache) == 10
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_a_text_long_enough_to_be_counted_in_slices_counts_as_the_whole(name: str) -> None:
+    """Past 256 KB a text is encoded a slice at a time (so no one call holds the GIL for long): same count,
+    whatever stands where a slice could end (runs of spaces and newlines, digits, marks, other scripts)."""
+    pieces = ["word", " word", " " * 37, "\n\n\n", "\t", " 123456", "'s", " İ", "中文", "🙂", "e\u0301", "!?", " Σ"]
+    text = "".join(random.Random(0).choices(pieces, k=300_000))  # a cut at any whitespace: 5 tokens off
+    assert len(text) > 5 * 256 * 1024  # cut four times or more
+    assert counter_for(name).count_text(text) == len(get_encoding(name).encode_ordinary(text))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -16,6 +17,12 @@ from proxy.tokens.encodings import get_encoding
 # Model name prefixes whose tokenizer is known; anything else takes the configured default.
 # Texts at least this long are cached by digest; shorter ones are cheaper to encode again.
 _CACHE_TEXT_FROM = 64
+# Texts longer than this are encoded a slice at a time: one encode_ordinary call builds its whole token list
+# holding the GIL (~1 s for a 20 MB capsule, which held the event loop while an engine thread counted it:
+# issue 29 item 13). Each cut is a single space between a non-space and a letter, where every tiktoken
+# encoding starts a new piece (" word"), so the slices' counts add up to the whole text's exactly.
+_SLICE = 256 * 1024
+_CUT = re.compile(r"(?<=\S) (?=[A-Za-z])")
 
 _CL100K_PREFIXES = ("gpt-4-", "gpt-4", "gpt-3.5", "text-embedding-3", "text-embedding-ada")
 _O200K_PREFIXES = ("gpt-4o", "chatgpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "ft:gpt-4o")
@@ -56,9 +63,18 @@ class TokenCounter:
         cached = self._recall(key)
         if cached is not None:
             return cached
-        count = len(self.encoding.encode_ordinary(text))
+        count = self._encoded_length(text)
         self._remember(key, count)
         return count
+
+    def _encoded_length(self, text: str) -> int:
+        total, start = 0, 0
+        while start < len(text):
+            cut = _CUT.search(text, start + _SLICE) if len(text) - start > _SLICE else None
+            end = cut.start() if cut else len(text)
+            total += len(self.encoding.encode_ordinary(text[start:end]))
+            start = end
+        return total
 
     def _recall(self, key: bytes) -> int | None:
         with self._lock:
