@@ -71,8 +71,8 @@ _LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")
 
 
 @contextlib.asynccontextmanager
-async def serve_config(tree: Path, config: Path, upstream: str, timeout_s: float = 60) -> AsyncIterator[int]:
-    """`context-proxy serve --config CONFIG` run from `tree` (its own code), as a user starts it; its port.
+async def serve_config(tree: Path, config: Path, upstream: str, timeout_s: float = 60) -> AsyncIterator[Server]:
+    """`context-proxy serve --config CONFIG` run from `tree` (its own code), as a user starts it.
 
     Its log goes to serve.log beside the config (and is shown when it does not start); SIGTERM at the end.
     """
@@ -92,7 +92,8 @@ async def serve_config(tree: Path, config: Path, upstream: str, timeout_s: float
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"serve from {tree} did not start:\n{log_path.read_text()[-2000:]}")
             await asyncio.sleep(0.1)
-        yield int(listening.group(1))
+        server = Server("serve", proc, int(listening.group(1)))
+        yield server
     finally:
         Server("serve", proc, 0).stop()
 

@@ -5,7 +5,8 @@ Each revision runs as a real `context-proxy serve` (`python -m proxy serve`, fro
 its packaged proxy.toml with the lines below changed where it has them) in front of a bare upstream in this
 process. `/healthz` is polled every 20 ms all the while. What a client sees:
 
-- 1: a session's 12 MB turn, then, 1 s later, a small turn of the same session: the longest `/healthz` wait.
+- 1: a session's 12 MB turn, and small turns of the same session every 0.25 s until it is answered: the
+  longest `/healthz` wait.
 - 2: a 12 MB turn the upstream refuses once with context_length_exceeded (the proxy re-fits and retries):
   the longest `/healthz` wait.
 - 3: a 6 MB body, one assistant message calling ~22,000 tools, their results after it in reverse order: the
@@ -15,6 +16,8 @@ process. `/healthz` is polled every 20 ms all the while. What a client sees:
   `/healthz` wait over its 4 turns.
 - 5 (a count): 6 idle WebSockets at `max_connections` 6, every timeout the revision has at 1 s: how many are
   still open 3 s later, and what a new client gets.
+- 6 (a count): then, on the same proxy (`memory_mb` 8 where the revision has the key), 8 sessions of 20,000
+  small messages one after another: how many sessions `/sessions` lists after, and the proxy's RSS growth.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from bench.procs import ROOT, serve_config, tree_at
+from bench.procs import ROOT, Server, serve_config, tree_at
 from tests.harness import ChatUpstream
 
 BIG_MODEL = "big-window"  # holds every conversation here, so the engine does all its work
@@ -65,13 +68,15 @@ encoding = "o200k_base"
 # [server] lines set where the revision's packaged config has them (a key it lacks is left out, not added).
 SERVER = {"max_body_mb": "64", "body_budget_mb": "256"}
 SLOTS = 6
-SOCKET_SERVER = {
+SESSIONS, SESSION_MESSAGES = 8, 20_000  # item 6: ~2.4 MB each in memory, by the issue's 24 MB per 200k messages
+SMALL_SERVER = {
     "max_connections": str(SLOTS),
     "header_timeout_s": "1",
     "body_timeout_s": "1",
     "keepalive_timeout_s": "1",
     "websocket_idle_timeout_s": "1",
     "websocket_heartbeat_s": "1",
+    "memory_mb": "8",
 }
 
 
@@ -234,9 +239,11 @@ async def _turns(port: int, tag: str, body: dict[str, bytes]) -> dict[str, Any]:
             await _post(http, url, body["small"], f"one-{tag}")  # the session exists: the big turn is a later one
             start = time.monotonic()
             big_turn = asyncio.create_task(_post(http, url, body["big"], f"one-{tag}"))
-            small = await _after(1.0, _post(http, url, body["small"], f"one-{tag}"))
+            small = []
+            while not big_turn.done():  # small turns of the session, so one comes while the big turn holds it
+                small.append(await _after(0.25, _post(http, url, body["small"], f"one-{tag}")))
             out["1"] = {"healthz_worst_s": watch.worst(start, time.monotonic()), "big_s": await big_turn}
-            out["1"]["small_s"] = small
+            out["1"]["small_worst_s"] = max(small)
 
             start = time.monotonic()
             refit = await _post(http, url, body["refit"], f"refit-{tag}")
@@ -284,6 +291,22 @@ async def _idle_sockets(port: int, upstream: Upstream) -> dict[str, Any]:
     return out
 
 
+async def _sessions_held(server: Server, scale: float) -> dict[str, Any]:
+    """Item 6: SESSIONS sessions of many small messages, one after another: how many the proxy holds after,
+    and how much its RSS grew."""
+    url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+    count = max(2, int(SESSION_MESSAGES * scale))
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as http:
+        await _post(http, url, _body(conversation(0.1, "warm")), "warm")  # what a first turn loads is loaded
+        rss = server.rss_bytes()
+        for k in range(SESSIONS):
+            messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"s{k} m{i}"} for i in range(count)]
+            await _post(http, url, _body(messages), f"held-{k}")
+        async with http.get(f"http://127.0.0.1:{server.port}/sessions") as response:
+            held = sum(str(row.get("id", "")).startswith("held-") for row in await response.json())
+    return {"sent": SESSIONS, "held": held, "rss_growth_mb": (server.rss_bytes() - rss) / 2**20}
+
+
 async def _read_all(socket: aiohttp.ClientWebSocketResponse) -> None:
     async for _ in socket:
         pass
@@ -296,12 +319,13 @@ async def _run_tree(tree: Path, tag: str, scale: float, capsule_mb: float) -> di
     try:
         with tempfile.TemporaryDirectory(prefix="bench-stall-") as turns_folder:
             config = await asyncio.to_thread(write_config, tree, Path(turns_folder), SERVER, scale, capsule_mb)
-            async with serve_config(tree, config, upstream_url) as port:
-                result = await _turns(port, tag, body)
-        with tempfile.TemporaryDirectory(prefix="bench-stall-") as sockets_folder:
-            config = write_config(tree, Path(sockets_folder), SOCKET_SERVER)
-            async with serve_config(tree, config, upstream_url) as port:
-                result["5"] = await _idle_sockets(port, upstream)
+            async with serve_config(tree, config, upstream_url) as server:
+                result = await _turns(server.port, tag, body)
+        with tempfile.TemporaryDirectory(prefix="bench-stall-") as small_folder:
+            config = write_config(tree, Path(small_folder), SMALL_SERVER)
+            async with serve_config(tree, config, upstream_url) as server:
+                result["5"] = await _idle_sockets(server.port, upstream)
+                result["6"] = await _sessions_held(server, scale)
         return result
     finally:
         await upstream.runner.cleanup()
@@ -317,7 +341,7 @@ async def run_stall_items(ref: str | None = None, scale: float = 1.0, capsule_mb
 
 
 ROWS = (
-    ("1", "healthz_worst_s", "a session's 12 MB turn, then its small turn: longest /healthz wait"),
+    ("1", "healthz_worst_s", "a session's 12 MB turn, its small turns meanwhile: longest /healthz wait"),
     ("2", "healthz_worst_s", "a 12 MB turn refused once (refit): longest /healthz wait"),
     ("3", "turn_s", "6 MB body, results in reverse order: its turn"),
     ("3", "victim_s", "  another client's 400 KB turn meanwhile"),
@@ -328,6 +352,8 @@ ROWS = (
     ("13", "healthz_worst_s", "  longest /healthz wait over its 4 turns"),
     ("5", "open_after_3s", f"{SLOTS} idle WebSockets at max_connections {SLOTS}: open 3 s on (count)"),
     ("5", "new_client", "  a new client's /healthz (status; 0: connection closed)"),
+    ("6", "held", f"{SESSIONS} sessions of {SESSION_MESSAGES:,} messages, memory_mb 8: sessions held (count)"),
+    ("6", "rss_growth_mb", "  the proxy's RSS growth (MB)"),
 )
 
 
