@@ -77,13 +77,15 @@ def process(
     cuts: CutCache | None = None,
     cache_cold: bool = False,
     lifetimes: Lifetimes = NO_HISTORY,
+    tools_count: int | None = None,
 ) -> Outcome:
     """The messages to forward for this turn; does not mutate `journal`.
 
     `digests`, when the caller has them, are the messages' `message_digest`s (not recomputed);
     `cuts` is the caller's cache of head+tail cuts (a fresh one when it keeps none); `cache_cold`: the
     upstream's prompt cache has expired since the session's last request (the caller knows the clock);
-    `lifetimes`: how long the agent's finished sessions lasted (`survival.Lifetimes`; none: the rule without history).
+    `lifetimes`: how long the agent's finished sessions lasted (`survival.Lifetimes`; none: the rule without history);
+    `tools_count`: `tools_tokens(tools, counter)`, when the caller kept it from an earlier turn with the same tools.
     """
     edits = steps(cuts if cuts is not None else CutCache())
     state = journal.copy()
@@ -95,7 +97,7 @@ def process(
         model=model,
         counter=counter,
         usable=max(0, model.context_window - reserve),
-        fixed=tools_tokens(tools, counter) + REPLY_PRIMING,
+        fixed=(tools_tokens(tools, counter) if tools_count is None else tools_count) + REPLY_PRIMING,
         correction=correction,
         emitters={step.kind: step.emit for step in edits},
         observations=compile_patterns(policy.clear_tool_outputs.observation_patterns),

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 from proxy.config.loader import CapsuleSpec, ConfigHolder, Settings, StateConfig
 from proxy.context.calibration import Calibration
 from proxy.context.capsules import Capsule
-from proxy.context.pipeline import Outcome
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import CutCache
 from proxy.dialects import CHAT, Conversation, Dialect
@@ -26,7 +25,7 @@ from proxy.errors import ContextOverflow
 from proxy.service import turn_metrics
 from proxy.service.body_memos import BodyMemos, Parsed
 from proxy.service.chains import ResponseChains, UneditedTurn
-from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold
+from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold, noted_tools_tokens
 from proxy.service.scheduling import EnginePool, SessionGates
 from proxy.service.session_ends import SessionEnds
 from proxy.state import SessionStore, conversations, store_from_config
@@ -82,6 +81,7 @@ class _Request:
     capsules: tuple[Capsule, ...] = ()
     capsule_bytes: int = 0
     agent: str = ""  # which agent the session is a run of (`agent_fingerprint`)
+    notes: dict[str, Any] | None = None  # the body memo's (`Parsed.notes`): what follows from the tools
 
 
 class EngineService:
@@ -228,6 +228,7 @@ class EngineService:
             capsules,
             capsule_bytes,
             agent,
+            notes,
         )
 
     def _capsules(self, specs: tuple[CapsuleSpec, ...]) -> tuple[tuple[Capsule, ...], int]:
@@ -250,18 +251,20 @@ class EngineService:
         conversation, policy, model = request.conversation, request.policy, request.model
         assert conversation is not None and policy is not None and model is not None
         settings = self.holder.settings
+        counter = counter_for(model.encoding)
         inputs = TurnInputs(
             dialect=dialect,
             conversation=conversation,
             policy=policy,
             model=model,
-            counter=counter_for(model.encoding),
+            counter=counter,
             capsules=request.capsules,
             cuts=self.cuts,
             cache_key=request.session_id if settings.responses.set_prompt_cache_key else None,
             cache_breakpoints=settings.anthropic.place_breakpoints,
             cache_cold=self.store.knows_idle and cache_is_cold(model, conversation, session.idle_s),
             lifetimes=self.ends.lifetimes(request.agent),
+            tools_count=noted_tools_tokens(request.notes, conversation.tools, counter),
         )
         serialised = functools.partial(self._serialised, request.key, request.client, cost)
         with session.lock:
@@ -286,7 +289,7 @@ class EngineService:
             session.add_turn(turn.stats, retry=retry)
             turn.apply(outcome, correction)
         if not retry:
-            self._record_metrics(policy.name, outcome)
+            turn_metrics.count_turn(policy.name, outcome.report)
         return turn
 
     def _warn_fallback(self, name: str, model: ModelInfo) -> None:
@@ -353,18 +356,6 @@ class EngineService:
                 conversations.detail([session, *conversations.conversations(self.store, session.id)])
             )
         return None if shared is None else self.ends.describe(shared)
-
-    def _record_metrics(self, policy: str, outcome: Outcome) -> None:
-        report = outcome.report
-        turn_metrics.TOKENS_BEFORE.inc(report.tokens_before, policy=policy)
-        turn_metrics.TOKENS_AFTER.inc(report.tokens_after, policy=policy)
-        turn_metrics.TOKENS_SAVED.inc(max(0, report.tokens_before - report.tokens_after), policy=policy)
-        if report.epoch:
-            turn_metrics.EPOCHS.inc(policy=policy)
-        if report.recall_missed:
-            turn_metrics.RECALL_MISSES.inc(policy=policy)
-        if report.reruns:
-            turn_metrics.RERUNS.inc(report.reruns, policy=policy)
 
 
 def _is_retry(session: Session, conversation: Conversation) -> bool:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from proxy.context.calibration import Calibration, refit_correction
 from proxy.context.capsules import Capsule
 from proxy.context.journal import Journal, TurnReport
-from proxy.context.pipeline import Outcome, process
+from proxy.context.pipeline import Outcome, process, tools_tokens
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import CutCache
 from proxy.context.survival import NO_HISTORY, Lifetimes
@@ -57,6 +57,7 @@ class TurnInputs:
     cache_breakpoints: bool = False  # the dialect may add prompt-cache breakpoints ([anthropic] place_breakpoints)
     cache_cold: bool = False  # the upstream's cache expired since the session's last request (`cache_is_cold`)
     lifetimes: Lifetimes = NO_HISTORY  # how long the agent's finished sessions lasted (`service.session_ends`)
+    tools_count: int | None = None  # the tools' tokens, when kept from an earlier turn (`noted_tools_tokens`)
 
     @property
     def epoch_model(self) -> ModelInfo:
@@ -83,7 +84,20 @@ class TurnInputs:
             cuts=self.cuts,
             cache_cold=self.cache_cold,
             lifetimes=self.lifetimes,
+            tools_count=self.tools_count,
         )
+
+
+def noted_tools_tokens(notes: dict[str, Any] | None, tools: Any, counter: TokenCounter) -> int:
+    """`pipeline.tools_tokens`, kept per encoding in a body memo's notes (they come back only with the same tools),
+    so a warm turn does not serialise and hash its tools again."""
+    if notes is None:
+        return tools_tokens(tools, counter)
+    key = f"tools_tokens {counter.name}"
+    count = notes.get(key)
+    if count is None:
+        count = notes[key] = tools_tokens(tools, counter)
+    return int(count)
 
 
 async def _inline(work: Callable[[], T]) -> T:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from proxy.context.journal import TurnReport
 from proxy.metrics import METRICS
 
 _POLICY = ("policy",)
@@ -27,3 +28,16 @@ RERUNS = METRICS.counter(
 MESSAGES_REUSED = METRICS.counter(
     "context_proxy_messages_reused_total", "Messages taken from the session's last body instead of parsed again"
 )
+
+
+def count_turn(policy: str, report: TurnReport) -> None:
+    """A new turn's tokens before and after, and whether it made an epoch, missed a recall or saw a re-run."""
+    TOKENS_BEFORE.inc(report.tokens_before, policy=policy)
+    TOKENS_AFTER.inc(report.tokens_after, policy=policy)
+    TOKENS_SAVED.inc(max(0, report.tokens_before - report.tokens_after), policy=policy)
+    if report.epoch:
+        EPOCHS.inc(policy=policy)
+    if report.recall_missed:
+        RECALL_MISSES.inc(policy=policy)
+    if report.reruns:
+        RERUNS.inc(report.reruns, policy=policy)
