@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import itertools
 import os
 import re
 from collections.abc import Awaitable, Callable
@@ -110,6 +111,9 @@ def _is_utf8(text: str) -> bool:
 def unsafe_header(headers: Headers) -> tuple[str, str] | None:
     """The first header whose name or value holds CR, LF or NUL (it could split a forwarded header) or a byte that
     is not UTF-8, and what is wrong with it."""
+    joined = "".join(itertools.chain.from_iterable(headers.items()))  # one search and one encode for them all
+    if _LINE_BREAK.search(joined) is None and _is_utf8(joined):
+        return None
     for name, value in headers.items():
         if _LINE_BREAK.search(name) or _LINE_BREAK.search(value):
             return name, "contains a line break"

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 
 from proxy.dialects import DIALECTS, Dialect
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
@@ -85,8 +84,6 @@ async def _send(
 ) -> tuple[aiohttp.ClientResponse, bytes]:
     """Send the turn; on a context overflow let the engine refit once, before the client saw a byte."""
     upstream = request.app[UPSTREAM]
-    headers = CIMultiDict(request.headers)
-    headers["Content-Type"] = "application/json"
     body, retried = turn.body, False
     while True:
         try:
@@ -97,10 +94,11 @@ async def _send(
             "POST",
             dialect.upstream_path,
             query_string=request.query_string,
-            headers=headers,
+            headers=request.headers,
             body=data,
             route=dialect.name,
             identity=True,
+            content_type="application/json",
         )
         refusal = response.status == 400 or (response.status == 200 and response.content_type == "text/event-stream")
         if not refusal or retried:

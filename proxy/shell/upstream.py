@@ -68,6 +68,21 @@ def _parsed(base_url: str) -> URL:
     return URL(base_url)
 
 
+@functools.lru_cache(maxsize=128)  # a few routes make most requests: the URL is built once for each
+def _joined(base_url: str, tail: str, query_string: str) -> URL:
+    base = _parsed(base_url)
+    return URL.build(
+        scheme=base.scheme,
+        user=base.raw_user,
+        password=base.raw_password,
+        host=base.raw_host or "",
+        port=base.explicit_port,
+        path=base.raw_path.rstrip("/") + "/" + tail.lstrip("/"),
+        query_string=query_string,
+        encoded=True,
+    )
+
+
 @functools.lru_cache(maxsize=8)
 def _timeout(connect_s: float, read_s: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, connect=connect_s, sock_read=read_s)
@@ -130,17 +145,10 @@ class Upstream:
     def url_for(self, tail: str, query_string: str = "", *, anthropic: bool = False) -> URL:
         """`base_url` joined with the (raw, still-encoded) path after `/v1` (Anthropic's: its base, /v1, the path)."""
         settings = self.holder.settings
-        base = _parsed(settings.anthropic.base_url.rstrip("/") + "/v1" if anthropic else settings.upstream.base_url)
-        path = base.raw_path.rstrip("/") + "/" + tail.lstrip("/")
-        return URL.build(
-            scheme=base.scheme,
-            user=base.raw_user,
-            password=base.raw_password,
-            host=base.raw_host or "",
-            port=base.explicit_port,
-            path=path,
-            query_string=query_string,
-            encoded=True,
+        return _joined(
+            settings.anthropic.base_url.rstrip("/") + "/v1" if anthropic else settings.upstream.base_url,
+            tail,
+            query_string,
         )
 
     def headers_for(
@@ -201,13 +209,18 @@ class Upstream:
         content_length: int | None = None,
         route: str,
         identity: bool = False,
+        content_type: str | None = None,
     ) -> aiohttp.ClientResponse:
-        """Send and return the response once its headers are in; the caller releases or closes it."""
+        """Send and return the response once its headers are in; the caller releases or closes it.
+
+        `content_type`: in place of the client's (a rewritten body is JSON whatever the client said)."""
         if self._session is None:
             raise RuntimeError("Upstream.start() was not awaited")
         config = self.holder.settings.upstream
         anthropic = is_anthropic(tail, headers)
         out = self.headers_for(headers, identity=identity, anthropic=anthropic)
+        if content_type is not None:
+            out["Content-Type"] = content_type
         if isinstance(body, bytes):
             out["Content-Length"] = str(len(body))
         elif body is not None and content_length is not None:
