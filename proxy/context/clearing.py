@@ -21,7 +21,7 @@ from proxy.context.messages import (
 )
 from proxy.context.patterns import compile_patterns
 from proxy.context.policy import DEFAULT_ERROR_PATTERNS, ClearPolicy
-from proxy.context.tokens import Counter, HeuristicCounter
+from proxy.context.tokens import Counter, HeuristicCounter, stated_tokens
 
 PLACEHOLDER = "[output cleared to fit the context window; run the tool again if needed]"
 # What every cleared output ends with, the placeholder or a stub keeping some of its lines (`proxy.context.stubs`).
@@ -174,9 +174,10 @@ class ClearToolOutputs:
 
 
 def _size(message: Message, counter: Counter) -> int:
-    """An output's own tokens, without the chat framing: what `keep_tokens` and `keep_under` measure."""
+    """An output's own tokens, without the chat framing: what `keep_tokens` and `keep_under` measure (its text,
+    and the tokens a dialect stated beside it: a screenshot's)."""
     text = content_text(message)
-    return counter.count_text(text) if text is not None else counter.count_message(message)
+    return counter.count_text(text) + stated_tokens(message) if text is not None else counter.count_message(message)
 
 
 def is_cleared(text: object) -> bool:

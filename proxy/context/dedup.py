@@ -21,9 +21,13 @@ MIN_TOKENS = 40
 
 def body_digest(message: Message) -> bytes | None:
     """A digest of the output's text alone (not its call id, nor the stamps a tool puts on each run:
-    `proxy.context.stamps`), or None when it has no plain text."""
+    `proxy.context.stamps`), or None when it has no plain text, or anything beside its text (two screenshots
+    read the same as text: only their bytes say whether they are the same)."""
     text = content_text(message)
-    if text is None:
+    content = message.get("content")
+    if text is None or (
+        isinstance(content, list) and any(not isinstance(p, dict) or p.get("type") != "text" for p in content)
+    ):
         return None
     return hashlib.blake2b(unstamped(text).encode(), digest_size=16).digest()
 

@@ -87,6 +87,21 @@ def opaque(text: str, tokens: int = 0) -> list[dict[str, Any]]:
     return [{"type": "opaque", "text": text, "tokens": tokens} if tokens else {"type": "opaque", "text": text}]
 
 
+MEDIA = "media"  # an engine content part standing for images and files: no text, only the tokens they are billed
+
+
+def with_media(text: str, tokens: int) -> str | list[dict[str, Any]]:
+    """Editable content: `text`, plus the `tokens` its images and files are billed (a part of their own, so a
+    clearing that replaces the content takes them out of the count, and a cut that keeps the part keeps them)."""
+    return [{"type": "text", "text": text}, {"type": MEDIA, "tokens": tokens}] if tokens else text
+
+
+def keeps_media(message: Message) -> bool:
+    """Whether an engine message still carries its images and files (cut: yes; cleared, deduplicated: no)."""
+    content = message.get("content")
+    return isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == MEDIA for p in content)
+
+
 def whole_count(value: Any) -> int | None:
     """A token count from a JSON body: a whole number >= 0 (JSON's true/false are not counts)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

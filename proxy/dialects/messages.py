@@ -24,10 +24,21 @@ import orjson
 
 from proxy.context.messages import content_text
 from proxy.context.pipeline import Overflow
-from proxy.dialects.base import HOUR_WRITE_FACTOR, Conversation, Message, Usage, group_digest, opaque, whole_count
+from proxy.dialects.base import (
+    HOUR_WRITE_FACTOR,
+    Conversation,
+    Message,
+    Usage,
+    group_digest,
+    keeps_media,
+    opaque,
+    whole_count,
+    with_media,
+)
 from proxy.dialects.body_checks import json_body
 from proxy.dialects.breakpoints import last_is_one_hour, with_breakpoints
 from proxy.errors import InvalidRequest, anthropic_error_body
+from proxy.tokens.media import anthropic_block_tokens
 
 ONE_MILLION = 1_000_000  # the window Anthropic's 1M-context beta (and a `[1m]` model id) enables
 SYSTEM = -1  # the group of the engine message made from `system`
@@ -45,7 +56,8 @@ def _blocks(content: Any) -> list[Any]:
 
 
 def _text(blocks: Sequence[Any]) -> str:
-    """What a run of blocks is counted by: text as it is, an image as a marker, anything else as its JSON."""
+    """What a run of blocks is counted by: text as it is, an image or a PDF as a marker (`_media` counts it),
+    anything else as its JSON."""
     out = []
     for block in blocks:
         kind = block.get("type")
@@ -58,9 +70,37 @@ def _text(blocks: Sequence[Any]) -> str:
             out.append(_text(_blocks(content)) if isinstance(content, str | list) else "")
         elif kind == "image":
             out.append("[image]")
+        elif kind == "document":
+            out.append(_document_text(block))
         elif kind != TOOL_USE:
             out.append(orjson.dumps(block).decode())
     return "\n".join(out)
+
+
+def _document_text(block: Mapping[str, Any]) -> str:
+    """A document's title and context, and its text when it is text (a plain-text source, or content blocks)."""
+    source = block.get("source")
+    source = source if isinstance(source, dict) else {}
+    words = [str(block[key]) for key in ("title", "context") if isinstance(block.get(key), str)]
+    if source.get("type") == "text":
+        words.append(str(source.get("data", "")))
+    elif source.get("type") == "content" and isinstance(source.get("content"), str | list):
+        words.append(_text([b for b in _blocks(source["content"]) if isinstance(b, dict)]))
+    else:
+        words.append("[document]")
+    return "\n".join(words)
+
+
+def _media(blocks: Sequence[Any]) -> int:
+    """The tokens of the images and PDFs in a run of blocks (a tool_result's own included), as Anthropic bills
+    them (`proxy.tokens.media`)."""
+    total = 0
+    for block in blocks:
+        if block.get("type") == TOOL_RESULT and isinstance(block.get("content"), list):
+            total += _media([b for b in block["content"] if isinstance(b, dict)])
+        else:
+            total += anthropic_block_tokens(block)
+    return total
 
 
 def _stripped(block: Any) -> Any:
@@ -108,18 +148,29 @@ def _prefixed(block: Mapping[str, Any], text: str) -> bool:
 
 
 def _tool_message(block: dict[str, Any]) -> Message:
+    """A tool_result as the engine reads it: its text, and the tokens of its images and PDFs beside it (so a
+    screenshot stays clearable, and leaves the count when it is cleared)."""
     content = block.get("content")
     text = _text(_blocks(content)) if isinstance(content, str | list) else ""
     if _prefixed(block, text):
         text = ERROR_PREFIX + text  # the engine keeps short errors; it knows them by their words
-    return {"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": text}
+    return {
+        "role": "tool",
+        "tool_call_id": str(block.get("tool_use_id", "")),
+        "content": with_media(text, _media([block])),
+    }
 
 
-def _tool_result_content(block: Mapping[str, Any], new: str) -> str:
-    """An edited tool_result's text as the upstream gets it: without the prefix `_tool_message` put there."""
+def _tool_result_content(block: Mapping[str, Any], message: Message) -> str | list[Any]:
+    """An edited tool_result's content as the upstream gets it: the engine's text without the prefix
+    `_tool_message` put there, and the client's images and PDFs when the edit kept them (a cut)."""
     content = block.get("content")
     text = _text(_blocks(content)) if isinstance(content, str | list) else ""
-    return new.removeprefix(ERROR_PREFIX) if _prefixed(block, text) else new
+    new = _new_text(message)
+    new = new.removeprefix(ERROR_PREFIX) if _prefixed(block, text) else new
+    if not keeps_media(message) or not isinstance(content, list):
+        return new
+    return [{"type": "text", "text": new}, *(b for b in content if isinstance(b, dict) and b.get("type") != "text")]
 
 
 def _split_user(blocks: list[Any]) -> list[tuple[list[int], Message]]:
@@ -134,8 +185,8 @@ def _split_user(blocks: list[Any]) -> list[tuple[list[int], Message]]:
     if rest:
         mine = [blocks[j] for j in rest]
         editable = all(b.get("type") in _PLAIN for b in mine) and any(b.get("type") == "text" for b in mine)
-        text = _text(mine)
-        out.append((rest, {"role": "user", "content": text if editable else opaque(text)}))
+        text, media = _text(mine), _media(mine)
+        out.append((rest, {"role": "user", "content": with_media(text, media) if editable else opaque(text, media)}))
     return out
 
 
@@ -156,16 +207,20 @@ def _assistant(blocks: list[Any]) -> Message:
 def _other(blocks: list[Any]) -> Message:
     """A message of a role this adapter does not edit (a mid-conversation `system` message): counted, never
     edited, and as a system message never dropped."""
-    return {"role": "system", "content": opaque(_text(blocks))}
+    return {"role": "system", "content": opaque(_text(blocks), _media(blocks))}
 
 
-def _edited_blocks(blocks: list[Any], indices: list[int], new: str) -> dict[int, Any]:
-    """Blocks of an edited user or assistant group: the first text block takes the new text, other text goes."""
+def _edited_blocks(blocks: list[Any], indices: list[int], message: Message) -> dict[int, Any]:
+    """Blocks of an edited user or assistant group: the first text block takes the new text, other text goes;
+    images go too when the edit took them out of the count (a clearing; a cut keeps them)."""
     out: dict[int, Any] = {}
+    new = _new_text(message)
+    media = keeps_media(message)
     texts = [j for j in indices if blocks[j].get("type") == "text"]
     for j in indices:
         if j not in texts:
-            out[j] = blocks[j]
+            if media or blocks[j].get("type") != "image":
+                out[j] = blocks[j]
         elif j == texts[0]:
             out[j] = {**blocks[j], "text": new}
     return out
@@ -246,9 +301,9 @@ class MessagesDialect:
             touched.add(i)
             if message.get("role") == "tool":
                 block = blocks[indices[0]]
-                rendered[i][indices[0]] = {**block, "content": _tool_result_content(block, _new_text(message))}
+                rendered[i][indices[0]] = {**block, "content": _tool_result_content(block, message)}
             else:
-                rendered[i].update(_edited_blocks(blocks, indices, _new_text(message)))
+                rendered[i].update(_edited_blocks(blocks, indices, message))
         counts: dict[int, int] = {}
         for engine_index in range(len(conversation.groups)):
             i = conversation.groups[engine_index][0]

@@ -33,15 +33,19 @@ from proxy.dialects.base import (
     Usage,
     cached_usage,
     group_digest,
+    keeps_media,
     opaque,
     retention_ttl,
+    with_media,
 )
 from proxy.dialects.body_checks import json_body
 from proxy.dialects.chat import max_output_tokens, stated_prompt_tokens
 from proxy.errors import InvalidRequest, error_body
+from proxy.tokens.media import openai_part_tokens
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
+MEDIA_PARTS = ("input_image", "input_file")
 # base64 (4 characters per 3 bytes) of sealed text (about 4 bytes a token): ~5.3 characters a reasoning token.
 SEALED_CHARS_PER_TOKEN = 5
 # Events the API sends before it may still refuse a streamed request (context_length_exceeded).
@@ -93,6 +97,23 @@ def _parts_text(parts: Any) -> str | None:
     return None
 
 
+def _media_parts(parts: Any) -> tuple[str, int] | None:
+    """A list of text, image and file parts: its text (a marker for each image or file) and the tokens OpenAI
+    bills for the images and files; None when something else is in it, or no image or file."""
+    if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+        return None
+    texts, tokens = [], 0
+    for part in parts:
+        if part.get("type") in TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif part.get("type") in MEDIA_PARTS:
+            texts.append(f"[{part['type'].removeprefix('input_')}]")
+            tokens += openai_part_tokens(part)
+        else:
+            return None
+    return ("\n".join(texts), tokens) if tokens else None
+
+
 def _countable(item: Mapping[str, Any]) -> str:
     """The text an opaque item is counted by: a reasoning item's summary (`_sealed_tokens` counts its blob), else
     its JSON."""
@@ -137,9 +158,16 @@ def _message(group: Group) -> Message:
         return {"role": "assistant", "content": opaque("\n".join(map(_countable, items)), _sealed_tokens(items))}
     item = items[group.editable]
     if _is_output(item):
-        text = _parts_text(item.get("output"))
-        return {"role": "tool", "tool_call_id": item["call_id"], "content": text if text is not None else opaque("")}
+        output = item.get("output")
+        text = _parts_text(output)
+        if text is not None:
+            return {"role": "tool", "tool_call_id": item["call_id"], "content": text}
+        media = _media_parts(output)  # text and screenshots: clearable, the images' tokens beside the text
+        shot = with_media(*media) if media else opaque("", openai_part_tokens(output))  # a computer_screenshot
+        return {"role": "tool", "tool_call_id": item["call_id"], "content": shot}
     text = _parts_text(item.get("content"))
+    if text is None and (media := _media_parts(item.get("content"))):
+        return {"role": item["role"], "content": opaque(*media)}  # a message with images goes as sent
     return {"role": item["role"], "content": text if text is not None else opaque(_countable(item))}
 
 
@@ -174,8 +202,9 @@ def _groups(items: Sequence[Mapping[str, Any]]) -> list[Group]:
     return groups
 
 
-def _edited(group: Group, text: str) -> list[Any]:
-    """The group's items with `text` written into its editable item, in the shape that item had."""
+def _edited(group: Group, text: str, media: bool) -> list[Any]:
+    """The group's items with `text` written into its editable item, in the shape that item had; its images and
+    files kept when the edit kept them in the count (`media`: a cut, not a clearing)."""
     items = list(group.items)
     item = dict(items[group.editable])
     field = "output" if _is_output(item) else "content"
@@ -184,7 +213,8 @@ def _edited(group: Group, text: str) -> list[Any]:
         part: dict[str, Any] = {"type": part_type, "text": text}
         if part_type == "output_text":
             part["annotations"] = []
-        item[field] = [part]
+        kept = [p for p in item[field] if isinstance(p, dict) and p.get("type") in MEDIA_PARTS] if media else []
+        item[field] = [part, *kept]
     else:
         item[field] = text
     items[group.editable] = item
@@ -298,7 +328,8 @@ class ResponsesDialect(OpenAIWords):
             elif group.kind == "text":
                 items.append({"role": "user", "content": text if text is not None else group.items[0]})
             else:
-                items += _edited(group, text) if text is not None and group.editable >= 0 else group.items
+                keep = keeps_media(message)
+                items += _edited(group, text, keep) if text is not None and group.editable >= 0 else group.items
         rendered["input"] = items
         return rendered
 

@@ -13,6 +13,7 @@ import tiktoken
 from proxy.context.messages import message_digest
 from proxy.context.tokens import framing, message_text, stated_tokens
 from proxy.tokens.encodings import get_encoding
+from proxy.tokens.media import openai_content_tokens
 
 # Model name prefixes whose tokenizer is known; anything else takes the configured default.
 # Texts at least this long are cached by digest; shorter ones are cheaper to encode again.
@@ -94,7 +95,10 @@ class TokenCounter:
         cached = self._recall(key)
         if cached is not None:
             return cached
-        count = self.count_text(message_text(message)) + framing(message) + stated_tokens(message)
+        # A chat message's images and files (its own `image_url` and `file` parts) as OpenAI bills them; the
+        # other dialects state theirs (`stated_tokens`).
+        media = openai_content_tokens(message.get("content"))
+        count = self.count_text(message_text(message)) + framing(message) + stated_tokens(message) + media
         self._remember(key, count)
         return count
 
