@@ -114,7 +114,8 @@ def _slow_clients(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
 def _fleet(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import fleet
 
-    return asyncio.run(fleet.run_fleet()), fleet.render
+    measured = tuple(ns.set) if ns.set else ("tuned", "held-out")
+    return asyncio.run(fleet.run_fleet(measured=measured)), fleet.render
 
 
 def _hindsight(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -209,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         help="ab (default HEAD~1), long-event, stall-items: the git revision to compare the working tree with",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the raw result as JSON")
-    parser.add_argument("--set", action="append", help="quality: only this set of traces (repeatable), e.g. 'others A'")
+    parser.add_argument(
+        "--set", action="append", help="quality: only this set (repeatable), e.g. 'others A'; fleet: tuned, held-out"
+    )
     parser.add_argument("--setting", action="append", help="quality: only this setting (repeatable), e.g. 'direct'")
     ns = parser.parse_args(argv)
     started = time.monotonic()

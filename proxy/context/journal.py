@@ -163,6 +163,9 @@ class Journal:
     # Billed input tokens the edits have saved this session so far, by our own counts (negative: they
     # cost more than they saved): what an edit that does not pay at once may spend (`economics.within_budget`).
     banked: float = 0.0
+    # Billed input tokens the client's own requests would have cost so far (each turn's `Draft.direct_bill`): what
+    # `banked` is read against, so a bet on the turns to come never leaves the session far behind direct.
+    direct: float = 0.0
     # The `_weight` of every decision, kept as decisions change (`decide`), so `approx_bytes` walks nothing.
     edit_bytes: int = 0
 
@@ -185,6 +188,7 @@ class Journal:
             unpaid_bound=self.unpaid_bound,
             recall=self.recall.copy(),
             banked=self.banked,
+            direct=self.direct,
             edit_bytes=self.edit_bytes,
         )
 
@@ -265,6 +269,7 @@ class Journal:
             "unpaid_bound": self.unpaid_bound,
             "recall": self.recall.to_dict(),
             "banked": round(self.banked, 1),
+            "direct": round(self.direct, 1),
         }
 
     @classmethod
@@ -284,6 +289,7 @@ class Journal:
             unpaid_bound=int(data.get("unpaid_bound", 0)),
             recall=RecallIndex.from_dict(data.get("recall", {})),
             banked=float(data.get("banked", 0.0)),
+            direct=float(data.get("direct", 0.0)),
         )
         journal.edit_bytes = sum(_weight(d) for d in journal.decisions)
         return journal

@@ -143,6 +143,7 @@ def process(
     if report.tokens_after > draft.usable:
         return Outcome(out, journal, report, Overflow(model.context_window, report.tokens_after, reserve), sources)
     state.banked += _turn_saving(draft, counts, report.first_changed)
+    state.direct += draft.direct_bill()
     report.banked = round(state.banked, 1)
     state.record(report)
     return Outcome(out, state, report, None, sources)

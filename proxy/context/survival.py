@@ -18,6 +18,9 @@ MIN_FINISHED = 5
 # A session longer than all but this many of its agent's sessions (finished or running) is past what the
 # history can say: the rule without history prices its edits.
 MIN_AT_RISK = 3
+# An edit that costs more than it frees may bet on the turns to come that all but this share of the agent's
+# sessions that reached this request outlasted (`Lifetimes.assured_turns`; `economics.within_budget`).
+RISK = 0.1
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,8 @@ class Lifetimes:
     finished: int = 0  # finished sessions the estimate rests on
     # ahead[n] = expected turns after request n for a session that reached it (None: the history cannot say).
     ahead: tuple[float | None, ...] = ()
+    # assured[n]: turns after request n that all but `RISK` of the sessions reaching it outlasted (0: none known).
+    assured: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, finished: Iterable[int], running: Iterable[int] = ()) -> Lifetimes:
@@ -55,7 +60,15 @@ class Lifetimes:
             if at_risk[n] >= MIN_AT_RISK and base > 0:
                 ahead[n] = tail / base
             tail += survive[n - 1]
-        return cls(finished=len(ends), ahead=tuple(ahead))
+        assured = [0] * (longest + 1)
+        for n in range(1, longest + 1):
+            if ahead[n] is None:
+                continue
+            k = 0  # P(T > n + k | T >= n) = survive[n + k] / survive[n - 1]
+            while n + k < longest and survive[n + k] >= (1 - RISK) * survive[n - 1]:
+                k += 1
+            assured[n] = k
+        return cls(finished=len(ends), ahead=tuple(ahead), assured=tuple(assured))
 
     def turns_to_come(self, request: int) -> float | None:
         """Expected turns after request `request` (1 = the session's first) of a session that reached it;
@@ -63,6 +76,13 @@ class Lifetimes:
         if 0 < request < len(self.ahead):
             return self.ahead[request]
         return None
+
+    def assured_turns(self, request: int) -> int:
+        """Turns after request `request` that all but `RISK` of the agent's sessions that reached it outlasted
+        (0 when the history cannot say)."""
+        if 0 < request < len(self.assured):
+            return self.assured[request]
+        return 0
 
 
 NO_HISTORY = Lifetimes()

@@ -7,10 +7,11 @@ import pytest
 
 from bench.quality import held_out
 from proxy.context.clearing import PLACEHOLDER
-from proxy.context.economics import cached_prefix, within_budget
+from proxy.context.economics import BEHIND, bill, cached_prefix, within_budget
 from proxy.context.journal import Journal
 from proxy.context.pipeline import process
 from proxy.context.policy import Policy
+from proxy.context.survival import NO_HISTORY, Lifetimes
 from tests.context.replay import TRACE_NAMES, _blocks, agent, load, model, policy_for, run, turns
 
 
@@ -62,6 +63,38 @@ def test_an_edit_that_costs_more_than_it_frees_stakes_half_of_what_was_banked_an
     assert within_budget(1100.0, banked=0.0, per_turn=100.0, first_turn=1000.0, risk_turns=1.0)  # a first edit's bet
     assert not within_budget(1100.0, banked=0.0, per_turn=100.0, first_turn=1000.0)  # ... when the policy allows it
     assert within_budget(-50.0, banked=0.0, per_turn=0.0, first_turn=0.0, risk_turns=float("inf"))  # not a first edit
+
+
+def test_a_bet_on_the_turns_the_history_assures_is_capped_by_the_sessions_direct_bill_so_far():
+    assert not within_budget(500.0, banked=0.0, per_turn=100.0, assured_turns=5)  # no direct bill: no bet
+    assert within_budget(500.0, banked=0.0, per_turn=100.0, assured_turns=5, direct=500.0 / BEHIND)
+    assert not within_budget(500.0, banked=0.0, per_turn=100.0, assured_turns=4, direct=500.0 / BEHIND)  # not won back
+    assert not within_budget(500.0, banked=0.0, per_turn=100.0, assured_turns=5, direct=400.0 / BEHIND)
+    assert within_budget(500.0, banked=400.0, per_turn=100.0, assured_turns=5, direct=150.0 / BEHIND)  # banked counts
+
+
+def test_with_a_history_edits_bet_on_it_and_no_session_falls_more_than_behind_direct(real_counter):
+    """An agent with the lengths of these very runs as its history (what `bench fleet`'s tuned pass knows):
+    costly clearings bet on the turns it assures and save more at d = 0.1 than with no history; whenever a
+    session ends, by the engine's own counts its edits have cost it at most `BEHIND` of its direct bill so far
+    (and a little more on the turn an epoch's estimate was short)."""
+    traces = [load(name) for name in [*TRACE_NAMES, *held_out("sample_a")]]
+    long = Lifetimes.of([len(list(turns(trace))) for trace in traces])
+    billed = {NO_HISTORY: 0.0, long: 0.0}
+    for trace in traces:
+        name = trace.name
+        for lifetimes in billed:
+            journal, sent = Journal(), []
+            for request in turns(trace):
+                out = process(
+                    journal, request, tools=trace.tools, policy=policy_for(trace), model=model(128000, 0.1),
+                    counter=real_counter, lifetimes=lifetimes,
+                )  # fmt: skip
+                journal = out.journal
+                sent.append(_blocks(out.messages, trace.tools or [], real_counter))
+                assert journal.banked >= -(BEHIND + 0.0025) * journal.direct, f"{name}: {journal.banked:.0f} banked"
+            billed[lifetimes] += bill(sent, 0.1).billed
+    assert billed[long] < billed[NO_HISTORY]  # 0.998 of it: the cap holds most bets back
 
 
 def _turn_bills(requests: list[list], counter, tools, discount: float) -> list[float]:

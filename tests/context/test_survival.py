@@ -44,3 +44,19 @@ def test_past_nearly_every_session_the_history_cannot_say() -> None:
     assert history.turns_to_come(4) is not None
     assert history.turns_to_come(10) is None  # one session reached it: the rule without history
     assert history.turns_to_come(60) is None
+
+
+def test_assured_turns_are_what_nearly_every_session_that_got_here_outlasted() -> None:
+    history = Lifetimes.of([10, 20, 30, 40, 50, 60, 70, 80, 90, 100])
+    assert history.assured_turns(1) == 19  # nine in ten reached request 20: 19 turns after the first
+    assert history.assured_turns(15) == 5  # all nine that reached 15 reached 20; 8 of 9 (< 0.9) reached 21
+    assert NO_HISTORY.assured_turns(5) == 0
+
+
+def test_a_costly_edit_may_bet_on_the_assured_turns_only() -> None:
+    from proxy.context.economics import BEHIND, within_budget
+
+    direct = 1000 / BEHIND  # the session's direct bill so far: the bet may leave it this far behind
+    assert not within_budget(cost=500, banked=0, per_turn=100, direct=direct)
+    assert within_budget(cost=500, banked=0, per_turn=100, assured_turns=5, direct=direct)
+    assert not within_budget(cost=600, banked=0, per_turn=100, assured_turns=5, direct=direct)

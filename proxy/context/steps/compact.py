@@ -81,7 +81,11 @@ class Compaction:
         cost = w * after - d * before
         turns = sum(1 for m in draft.messages if m.get("role") == "assistant")
         pays = epoch_saving(d, freed, expected_turns_to_come(turns, draft.lifetimes)) > cost
-        if cost > 0 and not (pays and within_budget(cost, journal.banked, epoch_saving(d, freed, 1.0))):
+        assured = draft.lifetimes.assured_turns(turns + 1)
+        direct = journal.direct + draft.direct_bill()
+        if cost > 0 and not (
+            pays and within_budget(cost, journal.banked, epoch_saving(d, freed, 1.0), 0, 0, assured, direct)
+        ):
             return None
         draft.decide(i, decision)
         return i
