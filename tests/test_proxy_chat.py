@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import time
 
+import aiohttp
 import openai
 import pytest
 
@@ -187,3 +188,13 @@ async def test_a_missing_configured_key_never_falls_back_to_the_clients(make_rig
     with pytest.raises(openai.APIStatusError) as caught:
         await async_client(rig.base_url).chat.completions.create(model=MODEL, messages=MESSAGES)
     assert caught.value.status_code == 502 and list(rig.sim.requests) == []
+
+
+async def test_the_clients_user_agent_goes_upstream_and_none_stands_in_for_a_missing_one(rig):
+    body = {"model": MODEL, "messages": MESSAGES}
+    async with aiohttp.ClientSession(skip_auto_headers=("User-Agent",)) as http:
+        for agent in ("my-agent/1.0", None):
+            headers = {"User-Agent": agent} if agent else {}
+            async with http.post(rig.base_url + "/chat/completions", json=body, headers=headers) as response:
+                assert response.status == 200
+            assert rig.sim.requests[-1].headers.get("User-Agent") == agent  # never aiohttp's own

@@ -87,12 +87,14 @@ class GuardedConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self.admitted:
             return
-        if self.head_timer is None and self._awaiting_head():  # the first bytes of a request head
-            loop = asyncio.get_running_loop()
-            self.head_timer = loop.call_later(self.guard.header_timeout_s, self._head_expired)
+        starts_head = self.head_timer is None and self._awaiting_head()  # the first bytes of a request head
         self.inner.data_received(data)
-        if self.head_timer is not None and not self._awaiting_head():  # the head is complete
-            self._stop_head_timer()
+        if self.head_timer is not None:
+            if not self._awaiting_head():  # the head is complete
+                self._stop_head_timer()
+        elif starts_head and self._awaiting_head():  # and not complete in them: the rest is timed (one whole
+            loop = asyncio.get_running_loop()  # in its first bytes, as most are, needs no timer)
+            self.head_timer = loop.call_later(self.guard.header_timeout_s, self._head_expired)
 
     def eof_received(self) -> None:
         if self.admitted:

@@ -106,6 +106,7 @@ def unreachable_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+_NO_USER_AGENT = ("User-Agent",)
 # Told the client with an upstream's refusal to upgrade, besides its status (a client may wait or fall back by them).
 _REFUSAL_HEADERS = ("Retry-After", "WWW-Authenticate", "Upgrade")
 
@@ -236,7 +237,8 @@ class Upstream:
                 data=body,
                 timeout=timeout,
                 allow_redirects=False,
-                skip_auto_headers=("User-Agent",),
+                # No aiohttp User-Agent in place of a client's missing one (skipping costs a header copy: only then).
+                skip_auto_headers=None if "User-Agent" in out else _NO_USER_AGENT,
             )
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             log.warning("upstream %s timed out before answering (%s)", url.path, type(exc).__name__)
