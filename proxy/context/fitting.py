@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.context.messages import Message, call_ids, content_text, units
+from proxy.context.messages import INSTRUCTION_ROLES, Message, call_ids, content_text, newest, units
 from proxy.context.policy import TRUNCATIONS
 from proxy.context.tokens import Counter, HeuristicCounter
 from proxy.context.window import TruncationStrategy
 
-PROTECTED_ROLES = ("system", "developer")
+PROTECTED_ROLES = INSTRUCTION_ROLES
 NOTE_TEXT = "[{n} earlier messages omitted]"
 CUT_MARKER = "[... {n} tokens cut ...]"
 
@@ -82,7 +82,8 @@ def never_cut(messages: Sequence[Message], pin_task: bool = True) -> list[bool]:
 
 def protected(messages: Sequence[Message], pin_first_user: bool = True) -> list[bool]:
     """Per message: True when no strategy may remove it (its whole unit then stays too): what is never cut
-    (`pin_first_user`: the task with it), the last user message, the last message, and the agent's newest step
+    (`pin_first_user`: the task with it), the last user message, the last and the newest message (`messages.newest`),
+    and the agent's newest step
     (its last reply when that reply calls tools: the results it answers with come next, even when a system or
     user message follows them, as Claude Code's reminders do; without it the agent asks for that step again)."""
     flags = never_cut(messages, pin_first_user)
@@ -93,7 +94,7 @@ def protected(messages: Sequence[Message], pin_first_user: bool = True) -> list[
     if replies and _calls_tools(messages[replies[-1]]):
         flags[replies[-1]] = True
     if flags:
-        flags[-1] = True
+        flags[-1] = flags[newest(messages)] = True
     return flags
 
 

@@ -13,6 +13,16 @@ from proxy.context.patterns import Pattern
 from proxy.context.tokens import canonical_bytes
 
 Message = dict[str, Any]
+INSTRUCTION_ROLES = ("system", "developer")
+
+
+def newest(messages: Sequence[Message]) -> int:
+    """The index of the newest message, the one the agent has not read yet: the last, past the instructions that
+    follow it (Claude Code sends a system reminder after the newest tool results); -1 when there is none."""
+    i = len(messages) - 1
+    while i > 0 and messages[i].get("role") in INSTRUCTION_ROLES:
+        i -= 1
+    return i
 
 
 def message_digest(message: Message) -> bytes:

@@ -19,7 +19,7 @@ from proxy.context.draft import Draft
 from proxy.context.economics import billed_input
 from proxy.context.inject import drop_capsules, inject_capsules, stale_capsules
 from proxy.context.journal import Journal, TurnReport
-from proxy.context.messages import Message, is_tool_output, message_digest
+from proxy.context.messages import Message, is_tool_output, message_digest, newest
 from proxy.context.misses import index_removed, observe_newest
 from proxy.context.patterns import compile_patterns
 from proxy.context.policy import ModelInfo, Policy
@@ -150,18 +150,19 @@ def process(
 
 
 def _record(draft: Draft, digests: Sequence[bytes], compaction: Compaction) -> tuple[int, int]:
-    """Journal the messages new this turn; a new non-last output is deduplicated or compacted at once.
+    """Journal the messages new this turn; a new output the agent has read is deduplicated or compacted at once.
 
     Returns how many were deduplicated and how many compacted."""
     dedup, messages, state = Dedup(), draft.messages, draft.journal
     deduped = compacted = 0
+    unread = newest(messages)
     for i in range(draft.first_new, len(messages)):
         tokens = draft.counter.count_message(messages[i], digests[i])
         output = is_tool_output(messages[i], draft.observations)
         state.append(digests[i], tokens, tokens, output)
         if output and draft.policy.dedup and dedup.arrived(draft, i, tokens):
             deduped += 1
-        elif output and i < len(messages) - 1:
+        elif output and i < unread:
             compacted += compaction.arrived(draft, i)
     return deduped, compacted
 

@@ -205,3 +205,24 @@ def test_the_instructions_and_the_task_are_never_cut_nor_removed(window: int) ->
         assert outcome.messages[:3] == messages[:3]
         assert check_pairing(outcome.messages) == []
     assert edited  # the window did force edit epochs
+
+
+def _step(n: int, output: str) -> list[dict]:
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"c{n}", "type": "function", "function": {"name": "bash", "arguments": f'{{"n": {n}}}'}}
+    ]}  # fmt: skip
+    return [call, {"role": "tool", "tool_call_id": f"c{n}", "content": output}]
+
+
+def test_the_newest_output_is_left_whole_when_a_reminder_follows_it():
+    """Claude Code sends a system reminder after the newest tool results (Haiku 5.5 on every turn): the newest
+    output is then not the last message, and was cut like any old one, so the agent never read it whole."""
+    lines = "".join(f"{i:05d} checked {i * 7919 % 10007}\n" for i in range(1500))
+    reminder = {"role": "system", "content": "<system-reminder>tokens left</system-reminder>"}
+    messages = [{"role": "system", "content": "rules"}, {"role": "user", "content": "the task"}]
+    messages += _step(0, "first " + lines) + _step(1, "second " + lines) + [reminder]
+    small = ModelInfo(context_window=16_000, input_per_mtok=1.0, cached_input_per_mtok=0.1)
+    outcome = process(Journal(), messages, tools=None, policy=Policy(), model=small, counter=COUNTER)
+    assert outcome.report.epoch and outcome.overflow is None
+    newest = [m for m in outcome.messages if m.get("tool_call_id") == "c1"]
+    assert newest == [messages[5]], "the newest output was edited before the agent read it"

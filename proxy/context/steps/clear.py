@@ -10,7 +10,7 @@ from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER, ClearPlan, C
 from proxy.context.draft import Draft
 from proxy.context.economics import epoch_cost, epoch_saving, epoch_value, within_budget
 from proxy.context.journal import AS_SENT, CLEARED, COMPACTED, DROPPED, Decision, TurnReport
-from proxy.context.messages import Message, content_text, is_tool_output, message_ids
+from proxy.context.messages import Message, content_text, is_tool_output, message_ids, newest
 from proxy.context.recall import message_tokens, never_edited, outputs_in_use
 from proxy.context.steps.base import Epoch
 from proxy.context.tokens import REPLY_PRIMING
@@ -249,7 +249,7 @@ def _clearing_bound(draft: Draft, keep_tokens: int) -> tuple[int, int] | None:
                 break
     if boundary < 0:
         return None
-    last = len(journal) - 1
+    last = newest(draft.messages)
     freed = sum(
         journal.sent[i]
         for i in range(boundary + 1)

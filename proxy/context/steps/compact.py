@@ -14,7 +14,7 @@ from proxy.context.compact import Places, apply, decode, encode, sources_of
 from proxy.context.draft import Draft
 from proxy.context.economics import epoch_saving, expected_turns_to_come, within_budget
 from proxy.context.journal import AS_SENT, COMPACTED, DEDUPED, Decision, TurnReport
-from proxy.context.messages import Message
+from proxy.context.messages import Message, newest
 from proxy.context.steps.base import Epoch
 
 # A compaction freeing fewer tokens than this is not worth a decision.
@@ -65,7 +65,7 @@ class Compaction:
         turn (`w × C` instead of `d × V`), and every later turn reads `V - C` fewer tokens from the cache.
         """
         i = draft.first_new - 1
-        if i < 0 or i >= len(draft.messages) - 1 or not _candidate(draft, i, _dedup_targets(draft)):
+        if i < 0 or i >= newest(draft.messages) or not _candidate(draft, i, _dedup_targets(draft)):
             return None
         journal = draft.journal
         runs = _places(draft, i, self).runs(draft.messages[i]["content"])
@@ -142,11 +142,11 @@ def _text(message: Message) -> str | None:
 
 
 def _candidate(draft: Draft, i: int, dedup_targets: set[int]) -> bool:
-    """An output sent as the client wrote it, not the last message, with plain text, no reference pointing at it."""
+    """An output sent as the client wrote it, not the newest message, with plain text, no reference pointing at it."""
     journal = draft.journal
     return (
         draft.policy.compact
-        and i < len(draft.messages) - 1
+        and i < newest(draft.messages)
         and journal.outputs[i]
         and journal.decisions[i] is AS_SENT
         and i not in dedup_targets

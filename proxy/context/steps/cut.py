@@ -1,4 +1,5 @@
-"""Cuts: a message (not the last) that alone exceeds `max_message_share` of the window keeps its head and tail."""
+"""Cuts: a message (not the last, nor the newest) that alone exceeds `max_message_share` of the window keeps its head
+and tail."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from proxy.context.draft import Draft
 from proxy.context.fitting import cut_oversized, never_cut, oversized_limit
 from proxy.context.journal import AS_SENT, CUT, Decision, TurnReport
-from proxy.context.messages import Message
+from proxy.context.messages import Message, newest
 from proxy.context.steps.base import Epoch
 from proxy.context.tokens import Counter
 
@@ -51,16 +52,18 @@ class Cutting:
         return self.cache.cut(draft.messages[i], draft.journal.digests[i], decision.max_tokens, draft.counter)
 
     def edit(self, draft: Draft, epoch: Epoch, report: TurnReport) -> None:
-        """Cut every kept message but the last that alone exceeds `max_message_share` of the window; never the
-        instructions (system, developer) nor the task (`fitting.never_cut`)."""
+        """Cut every kept message but the last and the newest (`messages.newest`) that alone exceeds
+        `max_message_share` of the window; never the instructions (system, developer) nor the task
+        (`fitting.never_cut`)."""
         if not epoch.over_budget:
             return
         limit = oversized_limit(draft.usable, draft.policy.max_message_share)
         journal = draft.journal
         kept = never_cut(draft.messages, draft.policy.pin_first_user)
+        unread = newest(draft.messages)
         for i in draft.visible()[:-1]:
             message = draft.messages[i]
-            if journal.decisions[i] is not AS_SENT or journal.sent[i] <= limit or kept[i]:
+            if i == unread or journal.decisions[i] is not AS_SENT or journal.sent[i] <= limit or kept[i]:
                 continue
             # The cache keeps the cut made here, so recording the decision below does not cut the message again.
             if self.cache.cut(message, journal.digests[i], limit, draft.counter)["content"] != message.get("content"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from proxy.context.dedup import MIN_TOKENS, body_digest, duplicates, reference, with_reference
 from proxy.context.draft import Draft
 from proxy.context.journal import AS_SENT, DEDUPED, Decision, TurnReport
-from proxy.context.messages import Message
+from proxy.context.messages import Message, newest
 from proxy.context.steps.base import Epoch
 
 
@@ -29,13 +29,13 @@ class Dedup:
         if target is None or journal.decisions[target] is not AS_SENT:
             journal.bodies[body] = i
             return False
-        if i == len(draft.messages) - 1 or tokens < MIN_TOKENS:
+        if i == newest(draft.messages) or tokens < MIN_TOKENS:
             return False
         draft.decide(i, Decision(DEDUPED, reference=reference(draft.messages[target]), target=target))
         return True
 
     def edit(self, draft: Draft, epoch: Epoch, report: TurnReport) -> None:
-        journal, last, visible = draft.journal, len(draft.messages) - 1, draft.visible()
+        journal, last, visible = draft.journal, newest(draft.messages), draft.visible()
         if draft.policy.dedup:
             # Only the window may make dedup edit the prefix on its own; else it rides on what the epoch
             # rewrites anyway (from its first edit on), at no cost to the cache the epoch was priced by.
