@@ -89,7 +89,7 @@ def process(
     """
     edits = steps(cuts if cuts is not None else CutCache())
     state = journal.copy()
-    reserve = max_output_tokens or policy.reserve_output_tokens
+    reserve = reply_room(model, policy, max_output_tokens)
     draft = Draft(
         messages=messages,
         journal=state,
@@ -141,12 +141,26 @@ def process(
     report.tokens_after = draft.total(counts)
     sources = draft.sources(len(out))
     if report.tokens_after > draft.usable:
-        return Outcome(out, journal, report, Overflow(model.context_window, report.tokens_after, reserve), sources)
+        overflow = (
+            Overflow(model.context_window, report.tokens_after, reserve)
+            if model.max_tokens_in_window
+            else Overflow(draft.usable, report.tokens_after, 0)  # max_tokens is no part of it: the prompt is too long
+        )
+        return Outcome(out, journal, report, overflow, sources)
     state.banked += _turn_saving(draft, counts, report.first_changed)
     state.direct += draft.direct_bill()
     report.banked = round(state.banked, 1)
     state.record(report)
     return Outcome(out, state, report, None, sources)
+
+
+def reply_room(model: ModelInfo, policy: Policy, max_output_tokens: int | None) -> int:
+    """Tokens of the window kept free for the reply: the request's max_tokens where the upstream counts it against
+    the window (`ModelInfo.max_tokens_in_window`), else at most `reserve_output_tokens` (the policy's room when
+    the request names none)."""
+    if not max_output_tokens:
+        return policy.reserve_output_tokens
+    return max_output_tokens if model.max_tokens_in_window else min(max_output_tokens, policy.reserve_output_tokens)
 
 
 def _record(draft: Draft, digests: Sequence[bytes], compaction: Compaction) -> tuple[int, int]:

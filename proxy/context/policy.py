@@ -116,6 +116,11 @@ class ModelInfo:
     # OpenAI: 3600, "5-10 minutes, up to an hour"); a session idle longer is re-written in full anyway, so
     # that turn any edit pays. A request may ask for longer (`Conversation.cache_ttl_s`). 0: never assumed.
     cache_ttl_s: int = 0
+    # The upstream refuses a request whose max_tokens does not fit in the window beside the prompt (OpenAI, Claude
+    # before 4.5), so all of it is kept free. False: the reply stops at the window instead (Claude from 4.5 on,
+    # stop reason `model_context_window_exceeded`; Claude Code asks for 128k), so the prompt may use the window
+    # but `Policy.reserve_output_tokens` of it, or max_tokens when that is less.
+    max_tokens_in_window: bool = True
 
     @property
     def write_price(self) -> float:

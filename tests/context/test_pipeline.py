@@ -226,3 +226,20 @@ def test_the_newest_output_is_left_whole_when_a_reminder_follows_it():
     assert outcome.report.epoch and outcome.overflow is None
     newest = [m for m in outcome.messages if m.get("tool_call_id") == "c1"]
     assert newest == [messages[5]], "the newest output was edited before the agent read it"
+
+
+def test_a_reply_that_stops_at_the_window_keeps_only_the_policys_room_free():
+    """Claude from 4.5 on stops a reply at the window instead of refusing a max_tokens that does not fit:
+    Claude Code's 128k max_tokens then leaves the prompt the window but `reserve_output_tokens`."""
+    messages = [{"role": "user", "content": "the task " * 3000}]  # ~6k tokens
+    counted = ModelInfo(context_window=40_000)
+    stops = ModelInfo(context_window=40_000, max_tokens_in_window=False)
+    run = {"tools": None, "policy": Policy(), "counter": COUNTER, "max_output_tokens": 128_000}
+    refused = process(Journal(), messages, model=counted, **run).overflow
+    assert refused is not None and refused.reserve == 128_000
+    fits = process(Journal(), messages, model=stops, **run)
+    assert fits.overflow is None and fits.messages == messages
+    too_long = process(Journal(), messages * 8, model=stops, **run).overflow  # ~48k: past 40k - 4096
+    assert too_long is not None and (too_long.window, too_long.reserve) == (40_000 - 4096, 0)
+    small = process(Journal(), messages, model=stops, **{**run, "max_output_tokens": 1000})
+    assert small.overflow is None
