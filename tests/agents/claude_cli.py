@@ -32,9 +32,6 @@ QUIET = {
     "DISABLE_BUG_COMMAND": "1",
     "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1",
     "IS_SANDBOX": "1",
-    # Its output reserve: the default (128k for Opus 5.5) leaves a small window no room for input; Claude Code
-    # lowers it when a refusal names both, and keeps the lowered value for the rest of the run.
-    "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "8000",
     "NO_COLOR": "1",
     "TERM": "dumb",
 }

@@ -16,6 +16,7 @@ with Anthropic's `prompt is too long`. Everything it received is kept for the te
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ FINAL_PREFIX = "FINAL:"
 SUBAGENT_TASK = "SUBAGENT TASK: run the commands the model asks for, then report."
 SUBAGENT_PREFIX = "SUBAGENT DONE:"
 MAIN, SUB, SIDE = "main", "subagent", "side"
+_REMINDER = re.compile(r"\s*<system-reminder>.*?</system-reminder>", re.DOTALL)
 
 
 @dataclass
@@ -63,11 +65,12 @@ def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def result_text(block: dict[str, Any]) -> str:
-    """What a tool_result says, its text blocks joined."""
+    """What a tool_result says, its text blocks joined, without the reminders Claude Code appends (some models get
+    `<total_tokens>N tokens left</total_tokens>`, which differs between a direct and a proxied run)."""
     inner = block.get("content")
-    if isinstance(inner, str):
-        return inner
-    return "\n".join(str(b.get("text", "")) for b in blocks_of(inner) if isinstance(b, dict))
+    if not isinstance(inner, str):
+        inner = "\n".join(str(b.get("text", "")) for b in blocks_of(inner) if isinstance(b, dict))
+    return _REMINDER.sub("", inner)
 
 
 def step_of(body: dict[str, Any], kind: str) -> int:
