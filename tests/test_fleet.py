@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 import redis
 
@@ -173,3 +174,42 @@ async def _shown_with(port: int, session: str, turns: int) -> dict | None:
     async with aiohttp.ClientSession() as client, client.get(f"http://127.0.0.1:{port}/sessions/{session}") as got:
         shown = await got.json() if got.status == 200 else None
     return shown if shown and len(shown["turn_details"]) == turns else None
+
+
+async def test_a_previous_response_id_chain_stays_one_session_across_two_proxy_processes(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Codex continues a Responses chain by `previous_response_id` alone: each link may reach another instance
+    (here two `serve` processes on one Redis), and every link must land in the session the chain started in."""
+    sim, url = await start_simulator()
+    config, ports = write_config(tmp_path / "chain", url, redis_server.url), [closed_port(), closed_port()]
+    served = [
+        subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)])
+        for port in ports
+    ]
+    try:
+        for port in ports:
+            await wait_healthy(port)
+        previous: str | None = None
+        for link in range(4):  # A, B, A, B: each link on the other process
+            base = f"http://127.0.0.1:{ports[link % 2]}/v1"
+            async with openai.AsyncOpenAI(base_url=base, api_key="sk-chain", max_retries=0) as sdk:
+                extra = {"previous_response_id": previous} if previous else {}
+                stream = await sdk.responses.create(model="sim-12k", input=f"Step {link}.", stream=True, **extra)
+                done = [event async for event in stream if event.type == "response.completed"]
+            previous = done[0].response.id
+
+        async def one_session(port: int) -> list[dict] | None:
+            rows = await get(port, "/sessions")
+            return rows if sum(row["turns"] for row in rows) == 4 else None
+
+        rows = await eventually(lambda: one_session(ports[0]))
+        assert [row["turns"] for row in rows] == [4], rows
+        shown = await get(ports[0], f"/sessions/{rows[0]['id']}")  # B served last: A shows the shared record
+        assert [t["unedited"] for t in shown["turn_details"]] == [None] + ["previous_response_id"] * 3
+        assert all(t["prompt_tokens"] for t in shown["turn_details"])
+    finally:
+        for process in served:
+            process.terminate()
+            process.wait(timeout=30)
+        await sim.cleanup()

@@ -82,6 +82,7 @@ class _Request:
     capsule_bytes: int = 0
     agent: str = ""  # which agent the session is a run of (`agent_fingerprint`)
     notes: dict[str, Any] | None = None  # the body memo's (`Parsed.notes`): what follows from the tools
+    follows: str | None = None  # named by nothing: the response it continues (`previous_response_id`) names it
 
 
 class EngineService:
@@ -94,7 +95,7 @@ class EngineService:
         self.cuts = CutCache()
         self.bodies = BodyMemos(_memo_budget(holder.settings.state))
         store.also_held = lambda: self.bodies.held  # the memos count against the sessions' `memory_mb`
-        self.chains = ResponseChains()  # which session a `previous_response_id` continues
+        self.chains = ResponseChains(store)  # which session a `previous_response_id` continues
         self.pool = EnginePool()
         self.gates = SessionGates()
         self.ends = SessionEnds(holder, store)  # which sessions finished; each agent's turns to come
@@ -115,6 +116,8 @@ class EngineService:
         client = _client(credential)
         parse = functools.partial(self._parse, raw, dialect, path_session, headers, credential, client)
         request = await self.pool.run(parse, cost=len(raw), client=client)
+        if request.follows is not None and (key := await self.chains.session_of(client, request.follows)):
+            request = replace(request, key=key)
         async with self.gates.held(request.key):
             await self.store.restore(request.key)  # evicted for room: back from a store that keeps it
             session = self._session(request)
@@ -198,9 +201,9 @@ class EngineService:
         if reason := dialect.unedited_reason(body):
             session_id = session_id_for(path_session, headers, hints, credential, Conversation([], []))
             key = scoped_key(session_id, credential)
-            if session_id.startswith(FINGERPRINT_PREFIX):  # named by nothing: the chain it continues names it
-                key = self.chains.session_of(client, body.get("previous_response_id")) or key
-            return _Request(key, client, dialect, body, size, unedited=reason)
+            previous = body.get("previous_response_id")
+            follows = previous if session_id.startswith(FINGERPRINT_PREFIX) and isinstance(previous, str) else None
+            return _Request(key, client, dialect, body, size, unedited=reason, follows=follows)
         settings = self.holder.settings
         conversation = dialect.conversation(body, digests)
         session_id = session_id_for(path_session, headers, hints, credential, conversation)
@@ -315,9 +318,8 @@ class EngineService:
             self.store.save(session)
         model = self.holder.settings.model(stats.model)
         chain = functools.partial(self.chains.remember, request.client, key=session.id)
-        return UneditedTurn(
-            body, session, stats, request.dialect, model, self.store, chain, headers={"X-Context-Unedited": reason}
-        )
+        headers = {"X-Context-Unedited": reason}
+        return UneditedTurn(body, session, stats, request.dialect, model, self.store, chain, self.calibration, headers)
 
     def close(self) -> None:
         """Write out what the session store has queued (at shutdown); the engine threads stop."""

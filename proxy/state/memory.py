@@ -155,6 +155,14 @@ class SessionStore:
         """Make the turn's state shared before it is sent (and its usage, after): only a shared store does
         (and says so by `commits`, so the shell skips a call that does nothing)."""
 
+    def chain(self, link: str, key: str) -> None:
+        """A response (`link`: its id hashed with the credential) was answered in session `key`: a shared store
+        writes it on the turn's `commit`, so the next link lands there on any process."""
+
+    async def chained(self, link: str) -> str | None:
+        """The session a shared store says the response `link` was answered in; None: not shared, or unknown."""
+        return None
+
     async def shared_rows(self, limit: int) -> list[dict[str, Any]]:
         """The `/sessions` rows of every process's sessions, when the store is shared (Redis); else none."""
         return []

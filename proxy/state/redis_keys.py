@@ -27,3 +27,9 @@ def session_key(session_id: str) -> str:
 def turns_key(session_id: str) -> str:
     """The session's recent turn details (a list), in the same slot as its hash."""
     return f"{PREFIX}turns:{_tag(session_id)}"
+
+
+def chain_key(link: str) -> str:
+    """The session a response was answered in (`link`: its id hashed with the credential, hex), for the next link
+    of a `previous_response_id` chain; it expires with the idle TTL."""
+    return f"{PREFIX}chain:{link}"
