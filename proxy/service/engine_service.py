@@ -82,7 +82,7 @@ class _Request:
     capsule_bytes: int = 0
     agent: str = ""  # which agent the session is a run of (`agent_fingerprint`)
     notes: dict[str, Any] | None = None  # the body memo's (`Parsed.notes`): what follows from the tools
-    follows: str | None = None  # named by nothing: the response it continues (`previous_response_id`) names it
+    follows: Any = None  # named by nothing: the response it continues (`previous_response_id`) names it
 
 
 class EngineService:
@@ -201,8 +201,7 @@ class EngineService:
         if reason := dialect.unedited_reason(body):
             session_id = session_id_for(path_session, headers, hints, credential, Conversation([], []))
             key = scoped_key(session_id, credential)
-            previous = body.get("previous_response_id")
-            follows = previous if session_id.startswith(FINGERPRINT_PREFIX) and isinstance(previous, str) else None
+            follows = body.get("previous_response_id") if session_id.startswith(FINGERPRINT_PREFIX) else None
             return _Request(key, client, dialect, body, size, unedited=reason, follows=follows)
         settings = self.holder.settings
         conversation = dialect.conversation(body, digests)

@@ -39,11 +39,12 @@ from redis.exceptions import RedisError
 from proxy.config.loader import StateConfig
 from proxy.context.calibration import RATIO_SMOOTHING, observed_ratio
 from proxy.metrics import METRICS
+from proxy.state.chain_links import ChainLinks
 from proxy.state.codec import TOTALS, journal_bytes, session_from
 from proxy.state.fleet import REPORT_FIELD, ROW_FIELD, FleetIndex
 from proxy.state.lifetimes import RedisHistory
 from proxy.state.memory import SessionStore, StoredTurn
-from proxy.state.redis_keys import CALIBRATION_KEY, chain_key, session_key, turns_key
+from proxy.state.redis_keys import CALIBRATION_KEY, session_key, turns_key
 from proxy.state.sessions import MAX_TURNS_KEPT, Session
 from proxy.state.sqlite import STATE_FAILURES, STATE_TOO_LARGE
 
@@ -61,7 +62,6 @@ MAX_MODELS_SHARED = 256
 _OFFLOAD_MESSAGES = 1000
 _MAX_REALIGNS = 3  # a turn that loses this many races in a row goes out as last prepared
 _READ_TIMEOUT_S = 1.0  # reading the fleet's sessions (not on a turn's path) may take this long
-MAX_CHAINS_QUEUED = 1024  # response links waiting for a commit to write them (more while Redis fails are dropped)
 
 # The session's totals (proxy.state.codec.TOTALS) as a Lua table of the hash fields that count them.
 _TOTALS_LUA = "{" + ", ".join(f"'{name}'" for name in TOTALS) + "}"
@@ -168,7 +168,7 @@ class RedisStore(SessionStore):
         self._problem: str | None = None
         self._retry_at = 0.0
         self.bytes_written = 0  # state and usage payloads sent to Redis (for bench/state)
-        self._chains: dict[str, str] = {}  # response link -> session key, until a commit writes it
+        self.links = ChainLinks(self.client)  # which session each relayed response was answered in
         self.max_models_shared = MAX_MODELS_SHARED
 
     @classmethod
@@ -199,7 +199,7 @@ class RedisStore(SessionStore):
                 await self._write_turn(turn)
             if turn.stats.prompt_tokens is not None and not turn.usage_stored:
                 await self._write_usage(turn)
-            await self._write_chains()
+            await self._bounded(self.links.write(int(self.idle_ttl_s * 1000)))
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc)
             return
@@ -208,25 +208,10 @@ class RedisStore(SessionStore):
             self._problem = None
 
     def chain(self, link: str, key: str) -> None:
-        if len(self._chains) < MAX_CHAINS_QUEUED:
-            self._chains[link] = key
+        self.links.queue(link, key)
 
     async def chained(self, link: str) -> str | None:
-        if time.monotonic() < self._retry_at:
-            return None
-        try:
-            key = await self._bounded(self.client.get(chain_key(link)))
-        except (RedisError, OSError, TimeoutError) as exc:
-            self._failed(exc)
-            return None
-        return _text(key) if key else None
-
-    async def _write_chains(self) -> None:
-        """Each link `chain` queued, expiring with the idle TTL (a chain idle longer continues a session gone)."""
-        ttl_ms = int(self.idle_ttl_s * 1000)
-        while self._chains:
-            link, key = self._chains.popitem()
-            await self._bounded(self.client.set(chain_key(link), key, px=ttl_ms))
+        return await self._read(self.links.read(link), None, flush=False)
 
     def _forgotten(self, session_id: str) -> None:
         self._versions.pop(session_id, None)
@@ -359,12 +344,15 @@ class RedisStore(SessionStore):
         """The `/sessions/{id}` body as the process that served the session last wrote it; None: not in Redis."""
         return await self._read(self.fleet.report(session_id, limit), None)
 
-    async def _read(self, call: Awaitable[Any], otherwise: Any) -> Any:
+    async def _read(self, call: Awaitable[Any], otherwise: Any, flush: bool = True) -> Any:
+        """`call`'s answer, or `otherwise` while Redis fails; `flush`: this process's own latest sessions first
+        (the fleet's views; on a turn's path, a chain's link, only the read, within `redis_timeout_ms`)."""
         if time.monotonic() < self._retry_at:
             return otherwise
         try:
-            async with asyncio.timeout(max(self.timeout_s, _READ_TIMEOUT_S)):
-                await self.fleet.flush()  # this process's own latest sessions first
+            async with asyncio.timeout(max(self.timeout_s, _READ_TIMEOUT_S) if flush else self.timeout_s):
+                if flush:
+                    await self.fleet.flush()
                 return await call
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc)
