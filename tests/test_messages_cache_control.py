@@ -56,6 +56,15 @@ def marked(body: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def unmarked(value: Any) -> Any:
+    """Blocks without `cache_control`: the breakpoints move every turn, the content they mark is what is cached."""
+    if isinstance(value, list):
+        return [unmarked(v) for v in value]
+    if isinstance(value, dict):
+        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
+    return value
+
+
 def _tool_loop(turns: int, output: str) -> list[dict[str, Any]]:
     """A task, then `turns` tool calls each answered by `output`."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test in utils.py."}]
@@ -117,7 +126,12 @@ async def test_the_proxys_mark_before_a_client_one_hour_mark_asks_for_one_hour(m
     )
     assert reply.stop_reason == "end_turn"
     sent = marked(rig.sim.requests[-1].body)
-    assert sent == {"system.0": ONE_HOUR, "messages.1.content.0": ONE_HOUR, "messages.12.content.0": ONE_HOUR}
+    assert sent == {
+        "system.0": ONE_HOUR,
+        "messages.1.content.0": ONE_HOUR,  # the frontier
+        "messages.11.content.0": ONE_HOUR,  # the stand-in point, before the last message
+        "messages.12.content.0": ONE_HOUR,
+    }
 
 
 async def test_the_proxys_mark_after_the_last_one_hour_mark_stays_five_minutes(messages_rig: Any) -> None:
@@ -129,7 +143,12 @@ async def test_the_proxys_mark_after_the_last_one_hour_mark_stays_five_minutes(m
     client = rig.client("hybrid")
     await client.messages.create(model="claude-sonnet-4-5", max_tokens=64, system=system, messages=messages)
     sent = marked(rig.sim.requests[-1].body)
-    assert sent == {"system.0": ONE_HOUR, "messages.1.content.0": FIVE_MINUTES, "messages.12.content.0": FIVE_MINUTES}
+    assert sent == {
+        "system.0": ONE_HOUR,
+        "messages.1.content.0": FIVE_MINUTES,
+        "messages.11.content.0": FIVE_MINUTES,
+        "messages.12.content.0": FIVE_MINUTES,
+    }
 
 
 def _expected_cost(usage: Any) -> float:
@@ -208,7 +227,7 @@ async def test_a_session_idle_past_the_cache_ttl_clears_at_once_and_then_replays
         return sum(b.get("content") == PLACEHOLDER for b in blocks)
 
     assert cleared(sent["cold"][1]) > 0 and cleared(sent["warm"][2]) == 0
-    last, before = sent["cold"][2], sent["cold"][1]
+    last, before = unmarked(sent["cold"][2]), unmarked(sent["cold"][1])
     assert last[: len(before) - 1] == before[:-1], "the turn after replays the clearing byte for byte"
     async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{rig.port}/sessions/cold") as response:
         details = (await response.json())["turn_details"]
@@ -252,3 +271,50 @@ def test_the_ttl_a_client_asks_for_reaches_the_engine() -> None:
     hour = {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": ONE_HOUR}]}
     assert MESSAGES.conversation({"messages": [hour]}).cache_ttl_s == 3600
     assert MESSAGES.conversation({"messages": messages}).cache_ttl_s is None
+
+
+def _billed(usage: Any) -> float:
+    """Anthropic's input bill in full-price tokens: input + 1.25 x written + 0.1 x read."""
+    return usage.input_tokens + 1.25 * usage.cache_creation_input_tokens + 0.1 * usage.cache_read_input_tokens
+
+
+async def test_a_compacted_last_output_rebills_only_itself_under_claude_codes_breakpoints(messages_rig: Any) -> None:
+    """Claude Code marks the system prompt and the last message. A tool output that repeats an earlier one goes as
+    sent while it is the last message and compacted from the next turn on; Anthropic keeps a prefix only where a
+    request marked one, so unless the proxy marked the message before it, the next turn re-wrote everything after
+    the previous turn's last mark: here a long assistant reply, at 1.25x instead of 0.1x, and the run cost more
+    than direct."""
+    rig = await messages_rig()
+    output = "".join(f"line {n}: value_{n * 7919 % 10007} = compute({n})\n" for n in range(120))
+    reply = "Reading the module again, line by line. " * 700  # ~7k tokens the turn after re-reads from the cache
+
+    def use(k: int) -> dict[str, Any]:
+        return {"type": "tool_use", "id": f"toolu_{k}", "name": "bash", "input": {"command": "cat utils.py"}}
+
+    def result(k: int) -> dict[str, Any]:
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{k}", "content": output}]}
+
+    turns: list[list[dict[str, Any]]] = [[{"role": "user", "content": "Fix the failing test in utils.py."}]]
+    turns.append([*turns[-1], {"role": "assistant", "content": [use(0)]}, result(0)])
+    turns.append([*turns[-1], {"role": "assistant", "content": [{"type": "text", "text": reply}, use(1)]}, result(1)])
+    for note in ("Which test fails?", "Go on."):
+        turns.append([*turns[-1], {"role": "assistant", "content": "Looking."}, {"role": "user", "content": note}])
+    system = [{"type": "text", "text": SYSTEM, "cache_control": FIVE_MINUTES}]
+    billed: dict[str, float] = {}
+    for name, direct in (("direct", True), ("proxied", False)):
+        client = rig.client(f"cc-{name}", direct=direct, api_key=f"sk-ant-{name}")  # a cache of its own
+        billed[name] = 0.0
+        for messages in turns:
+            messages = unmarked(messages)
+            last = messages[-1]
+            content = (
+                last["content"] if isinstance(last["content"], list) else [{"type": "text", "text": last["content"]}]
+            )
+            messages[-1] = {**last, "content": [*content[:-1], {**content[-1], "cache_control": FIVE_MINUTES}]}
+            answer = await client.messages.create(
+                model="claude-sonnet-4-5", max_tokens=64, system=system, messages=messages
+            )
+            billed[name] += _billed(answer.usage)
+    compacted = rig.sim.requests[-1].body["messages"][4]["content"][0]["content"]
+    assert compacted != output, "the repeated output went compacted (what this test is about)"
+    assert billed["proxied"] <= billed["direct"], billed
