@@ -115,7 +115,7 @@ def _fleet(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import fleet
 
     measured = tuple(ns.set) if ns.set else ("tuned", "held-out")
-    return asyncio.run(fleet.run_fleet(measured=measured)), fleet.render
+    return asyncio.run(fleet.run_fleet(measured=measured, api=ns.api)), fleet.render
 
 
 def _hindsight(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -208,6 +208,13 @@ def main(argv: list[str] | None = None) -> int:
         "--ref",
         default=None,
         help="ab (default HEAD~1), long-event, stall-items: the git revision to compare the working tree with",
+    )
+    parser.add_argument(
+        "--api",
+        choices=["chat", "messages"],
+        default="chat",
+        help="fleet: chat completions at d x input, or Messages as Claude Code sends it (breakpoints on system + "
+        "last message, the shipped Claude prices: reads 0.1x, writes 1.25x)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the raw result as JSON")
     parser.add_argument(

@@ -82,6 +82,7 @@ class Run:
     refused: int = 0
     billed: list[float] = field(default_factory=list)  # per answered turn
     tokens: int = 0  # input + written + read
+    epochs: int = 0  # turns the proxy said edited the cached prefix (X-Context-Epoch)
 
     @property
     def total(self) -> float:
@@ -111,6 +112,7 @@ async def replay(
         usage = orjson.loads(raw)["usage"]
         read, written = usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]
         run.answered += 1
+        run.epochs += response.headers.get("X-Context-Epoch") == "1"
         run.billed.append(usage["input_tokens"] + WRITE * written + READ * read)
         run.tokens += usage["input_tokens"] + written + read
         kept.check(body, sim.requests[-1].body)

@@ -6,6 +6,10 @@ by the proxy's own sweep (`[policy] session_end_idle_s`, here 1 ms; the sweep is
 timer would), so these runs are billed as an agent with no history yet. Then it serves the measured set as
 new sessions of the same agents: `tuned` (the history sets again, what the rule was tuned on) or `held-out`
 (`sample_b`, never tuned on). Each run is also replayed direct; billed input = uncached + d × cached.
+
+`api="messages"`: the same sessions as Claude Code sends them (`bench anthropic`'s replay: breakpoints on the
+system prompt and the last message, a signed thinking block per assistant turn) to claude-sonnet-4-5 (200k) at
+the shipped prices, billed as Anthropic bills: input + 1.25 x cache writes + 0.1 x cache reads (d is unused).
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ from typing import Any
 
 import aiohttp
 
+from bench import anthropic
 from bench.quality import held_out
 from bench.savings import Replay, _session_prefix, _settings, replay
 from bench.stats import table
-from proxy.config.loader import ConfigHolder
+from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.policy import policy_from_dict
-from proxy.demo.simulator import SIMULATOR, SimulatorConfig, start_simulator
-from proxy.demo.traces import load_trace
+from proxy.demo.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
+from proxy.demo.traces import Trace, load_trace
 from proxy.service.engine_service import build_context_service
 from proxy.shell import server
 from tests.context.replay import TRACE_NAMES
@@ -37,30 +42,40 @@ def _sets() -> dict[str, list[str | Path]]:
     return {"history": history, "tuned": history, "held-out": list(held_out("sample_b"))}
 
 
-async def run_fleet(discount: float = 0.1, measured: tuple[str, ...] = ("tuned", "held-out")) -> dict[str, Any]:
+async def run_fleet(
+    discount: float = 0.1, measured: tuple[str, ...] = ("tuned", "held-out"), api: str = "chat"
+) -> dict[str, Any]:
     sets = _sets()
-    sim_runner, sim_url = await start_simulator(SimulatorConfig(models={MODEL: 128000}, record_limit=4))
-    sim = sim_runner.app[SIMULATOR]
-    settings = _settings(sim_url, discount)
+    sim_runner, sim_url = await start_simulator(
+        SimulatorConfig(models={MODEL: 128000, "claude-": 200000}, record_limit=4)
+    )
+    sim, sim_base = sim_runner.app[SIMULATOR], sim_url.removesuffix("/v1")
+    if api == "messages":
+        settings = replace(load_settings(upstream_url=sim_url, anthropic_url=sim_base), path="")
+    else:
+        settings = _settings(sim_url, discount)
     data = {**settings.policy_data, "session_end_idle_s": END_IDLE_S}
     holder = ConfigHolder(replace(settings, policy_data=data, policy=policy_from_dict(data)))
     context = build_context_service(holder)
     runner, port = await server.start(holder, context=context)
-    result: dict[str, Any] = {"discount": discount, "sets": {}}
+    result: dict[str, Any] = {"discount": discount, "api": api, "sets": {}}
     try:
         async with aiohttp.ClientSession() as client:
             for set_name in ("history", *measured):
                 rows = []
                 for name in sets[set_name]:
                     trace = load_trace(name)
+                    session = f"http://127.0.0.1:{port}/s/{_session_prefix(trace)}{time.monotonic_ns()}"
                     sim.reset()
-                    direct = await replay(client, sim_url, trace, MODEL, None)
-                    sim.reset()
-                    session = f"http://127.0.0.1:{port}/s/{_session_prefix(trace)}{time.monotonic_ns()}/v1"
-                    proxied = await replay(client, session, trace, MODEL, None)
+                    if api == "messages":
+                        rows.append(await _messages_row(client, sim_base, session, trace, sim))
+                    else:
+                        direct = await replay(client, sim_url, trace, MODEL, None)
+                        sim.reset()
+                        proxied = await replay(client, session + "/v1", trace, MODEL, None)
+                        rows.append(_row(trace.name, direct, proxied, discount))
                     time.sleep(2 * END_IDLE_S)
                     await context.ends.sweep()  # what the sweep's timer does once the run has been idle that long
-                    rows.append(_row(trace.name, direct, proxied, discount))
                 result["sets"][set_name] = rows
     finally:
         await runner.cleanup()
@@ -79,8 +94,28 @@ def _row(name: str, direct: Replay, proxied: Replay, d: float) -> dict[str, Any]
     }
 
 
+async def _messages_row(
+    client: aiohttp.ClientSession, sim_base: str, session: str, trace: Trace, sim: Simulator
+) -> dict[str, Any]:
+    model, style = anthropic.BIG_MODEL, "claude-code"
+    direct, _ = await anthropic.replay(client, sim_base, trace, model, style, sim)
+    sim.reset()
+    proxied, _ = await anthropic.replay(client, session, trace, model, style, sim)
+    return {
+        "trace": trace.name.split(".")[0],
+        "turns": trace.turns,
+        "epochs": proxied.epochs,
+        "direct": direct.total,
+        "proxy": proxied.total,
+    }
+
+
 def render(result: dict[str, Any]) -> str:
-    lines = [f"d = {result['discount']}: billed input (uncached + d x cached), one proxy, sessions in order"]
+    if result.get("api") == "messages":
+        billed = "billed input (input + 1.25 x written + 0.1 x read), Claude Code's breakpoints, claude-sonnet-4-5"
+        lines = [f"Messages: {billed}, one proxy, sessions in order"]
+    else:
+        lines = [f"d = {result['discount']}: billed input (uncached + d x cached), one proxy, sessions in order"]
     summary = []
     for set_name, rows in result["sets"].items():
         direct, proxy = sum(r["direct"] for r in rows), sum(r["proxy"] for r in rows)
