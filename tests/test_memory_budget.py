@@ -1,6 +1,6 @@
-"""Session memory is bounded in bytes (#29 item 6): `[state] memory_mb` over sessions and body memos, the least
-recently used evicted first, shown in /metrics; `max_session_kb` bounds a session in memory; an evicted session
-comes back from the SQLite file as it was, and from memory alone starts afresh.
+"""Session memory is bounded in bytes (#29 item 6): `[state] memory_mb` over sessions, body memos and cut
+contents, the least recently used evicted first, shown in /metrics; `max_session_kb` bounds a session in memory;
+an evicted session comes back from the SQLite file as it was, and from memory alone starts afresh.
 
 Real servers on 127.0.0.1 (the proxy, a bare upstream that keeps what it was sent), requests that build big
 sessions, and what /metrics, /sessions and the upstream show.
@@ -222,3 +222,45 @@ def test_a_sessions_counted_size_is_what_dropping_it_frees() -> None:
         tracemalloc.stop()
     assert 0.75 < counted / freed < 1.33, (counted, freed)
     assert counted_live == counted and freed_live <= counted_live, (counted_live, freed_live)
+
+
+def _cut_conversation(session: str, turn: int = 0) -> list[dict[str, Any]]:
+    """A task, a call and its output of ~48k tokens (over an eighth of the window: cut, not cleared, as it is among
+    the last six messages), then the agent's reply; `turn` more exchanges after."""
+    output = "".join(f"line {i}: {session} read value {i * 7} from the log\n" for i in range(4000))
+    call = {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+    out: list[dict[str, Any]] = [
+        {"role": "system", "content": "You read logs."},
+        {"role": "user", "content": f"Read the log of {session}."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": output},
+        {"role": "assistant", "content": "Read it."},
+    ]
+    for i in range(turn):
+        out += [{"role": "user", "content": f"And step {i}?"}, {"role": "assistant", "content": f"Step {i} done."}]
+    return [*out, {"role": "user", "content": "Go on."}]
+
+
+async def test_cut_contents_stay_within_their_share_of_memory_mb_and_a_dropped_cut_is_cut_again_the_same() -> None:
+    """The cuts of oversized messages are kept so a warm turn does not re-tokenize them: within a sixteenth of
+    `memory_mb` (was 1,024 cuts whatever their size), in /metrics, and one dropped is made again byte for byte."""
+    upstream = Upstream()
+    rig = await _rig(await upstream.start(), window=32_000, memory_mb=1)
+    names = [f"c{k}" for k in range(12)]
+    try:
+        async with aiohttp.ClientSession() as http:
+            for name in names:
+                await _turn(http, rig, name, _cut_conversation(name))
+            metrics = await _metrics(http, rig)
+            cuts = metrics['context_proxy_memory_bytes{part="cut_contents"}']
+            held = metrics['context_proxy_memory_bytes{part="sessions"}']
+            memos = metrics['context_proxy_memory_bytes{part="body_memos"}']
+            assert 0 < cuts <= MB / 16, cuts  # twelve cuts of ~10 KB: the newest kept, the oldest dropped
+            assert held + memos + cuts <= MB
+            await _turn(http, rig, "c0", _cut_conversation("c0", 1))  # its cut was dropped: made again
+        first, second = (orjson.loads(body)["messages"][3]["content"] for body in upstream.sent("c0"))
+        assert "line 0: c0" in first and "line 3999: c0" in first and len(first) < 40_000  # head and tail kept
+        assert second == first
+    finally:
+        await rig.close()
+        await upstream.runner.cleanup()

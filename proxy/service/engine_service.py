@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.config.loader import CapsuleSpec, ConfigHolder, Settings, StateConfig
+from proxy.config.loader import CapsuleSpec, ConfigHolder, Settings
 from proxy.context.calibration import Calibration
 from proxy.context.capsules import Capsule
 from proxy.context.policy import ModelInfo, Policy
@@ -26,6 +26,7 @@ from proxy.service import turn_metrics
 from proxy.service.body_memos import BodyMemos, Parsed
 from proxy.service.chains import ResponseChains, UneditedTurn
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold, noted_tools_tokens
+from proxy.service.memory_shares import cut_budget, memo_budget
 from proxy.service.scheduling import EnginePool, SessionGates
 from proxy.service.session_ends import SessionEnds
 from proxy.state import SessionStore, conversations, store_from_config
@@ -48,16 +49,8 @@ T = TypeVar("T")
 # What one journal entry weighs in a turn's cost (`proxy.service.scheduling`): each turn copies the journal,
 # about as costly per entry as parsing this many bytes of body.
 JOURNAL_ENTRY_COST = 64
-# The body memos take at most this fraction of `[state] memory_mb` (a quarter: 128 MB of the default 512, more
-# than body_memo_mb's 64); the sessions have the rest and whatever the memos leave unused.
-MEMO_SHARE = 4
 
 MAX_FALLBACK_WARNINGS = 256  # model names come from clients: warned about once each, up to this many
-
-
-def _memo_budget(state: StateConfig) -> int:
-    """The body memos' bytes: `body_memo_mb`, within their share of `memory_mb`."""
-    return min(state.body_memo_bytes, state.memory_bytes // MEMO_SHARE)
 
 
 def _capsule(spec: CapsuleSpec) -> Capsule:
@@ -92,9 +85,9 @@ class EngineService:
         self.holder = holder
         self.store = store
         self.calibration = Calibration()
-        self.cuts = CutCache()
-        self.bodies = BodyMemos(_memo_budget(holder.settings.state))
-        store.also_held = lambda: self.bodies.held  # the memos count against the sessions' `memory_mb`
+        self.cuts = CutCache(cut_budget(holder.settings.state))
+        self.bodies = BodyMemos(memo_budget(holder.settings.state))
+        store.also_held = lambda: self.bodies.held + self.cuts.held  # they count against the sessions' `memory_mb`
         self.chains = ResponseChains(store)  # which session a `previous_response_id` continues
         self.pool = EnginePool()
         self.gates = SessionGates()
@@ -137,7 +130,7 @@ class EngineService:
         return self._parse_chat(raw, path_session, headers, _client(credential))
 
     def _parse_chat(self, raw: bytes, path_session: str | None, headers: Mapping[str, str], client: str) -> Parsed:
-        self.bodies.budget = _memo_budget(self.holder.settings.state)  # follows a config reload
+        self.bodies.budget = memo_budget(self.holder.settings.state)  # follows a config reload
         scope = f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
         parsed = self.bodies.parse(raw, scope)
         MEMORY_HELD.set(self.bodies.held, part="body_memos")
@@ -290,6 +283,8 @@ class EngineService:
             retry = _is_retry(session, conversation)
             session.add_turn(turn.stats, retry=retry)
             turn.apply(outcome, correction)
+        self.cuts.fit(cut_budget(settings.state))  # follows a config reload
+        MEMORY_HELD.set(self.cuts.held, part="cut_contents")
         if not retry:
             turn_metrics.count_turn(policy.name, outcome.report)
         return turn

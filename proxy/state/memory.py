@@ -2,9 +2,9 @@
 
 The base of every store: SQLite and Redis keep this map as their working copy and add where it is saved.
 Each session's size is counted when it changes (`Session.approx_bytes`: sums of lengths, never a walk), so the
-sessions together (with what `also_held` names: the body memos) stay within `max_bytes`, the least recently
-used evicted first; a session past `max_session_bytes` is not kept after its turn. An evicted session comes
-back from a store that keeps it (SQLite, Redis); from memory alone it starts afresh.
+sessions together (with what `also_held` names: the body memos, the cut contents) stay within `max_bytes`, the
+least recently used evicted first; a session past `max_session_bytes` is not kept after its turn. An evicted
+session comes back from a store that keeps it (SQLite, Redis); from memory alone it starts afresh.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ log = logging.getLogger("proxy.state")
 
 MB = 1024 * 1024
 HELD = METRICS.gauge("context_proxy_memory_bytes", "Bytes held in memory (estimated), by what holds them", ("part",))
-BUDGET = METRICS.gauge("context_proxy_memory_budget_bytes", "[state] memory_mb: what sessions and body memos may hold")
+BUDGET = METRICS.gauge(
+    "context_proxy_memory_budget_bytes", "[state] memory_mb: what sessions, body memos and cut contents may hold"
+)
 EVICTED = METRICS.counter(
     "context_proxy_sessions_evicted_total",
     "Sessions dropped from memory: least recently used past memory_mb or max_sessions, or one past max_session_kb",

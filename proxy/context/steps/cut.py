@@ -3,6 +3,7 @@ and tail."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -14,32 +15,67 @@ from proxy.context.messages import Message, newest
 from proxy.context.steps.base import Epoch
 from proxy.context.tokens import Counter
 
-_MISSING = object()
+ENTRY_BYTES = 300  # an entry's key (digest, allowance), its tuple and its place in the ordered dict
+PART_BYTES = 250  # a content part's dict, beside its text
 
 
 class CutCache:
     """Cut contents by (message digest, allowance): re-cutting would re-tokenize a huge text every turn.
 
-    The caller owns it (one per engine service) and may share it between threads.
+    Bounded in bytes (`max_bytes`, a share of `[state] memory_mb`), the least recently used cut evicted first;
+    `held` is what it holds now. The caller owns it (one per engine service) and may share it between threads.
     """
 
-    def __init__(self, size: int = 1024) -> None:
-        self.size = size
-        self._cuts: OrderedDict[tuple[bytes, int], Any] = OrderedDict()
+    def __init__(self, max_bytes: int = 32 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0
+        self._cuts: OrderedDict[tuple[bytes, int], tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def cut(self, message: Message, digest: bytes, max_tokens: int, counter: Counter) -> Message:
         """The head+tail cut of `message` within `max_tokens` (the message itself when it already fits)."""
         key = (digest, max_tokens)
-        content = self._cuts.get(key, _MISSING)
-        if content is _MISSING:
+        with self._lock:
+            found = self._cuts.get(key)
+            if found is not None:
+                self._cuts.move_to_end(key)
+        if found is None:
             cut = cut_oversized(message, counter, max_tokens)
             content = message.get("content") if cut is None else cut["content"]
-            with self._lock:
-                self._cuts[key] = content
-                if len(self._cuts) > self.size:
-                    self._cuts.popitem(last=False)
+            self._remember(key, content)
+        else:
+            content = found[0]
         return {**message, "content": content}
+
+    def _remember(self, key: tuple[bytes, int], content: Any) -> None:
+        size = ENTRY_BYTES + content_bytes(content)
+        with self._lock:
+            if key in self._cuts or size > self.max_bytes:  # another thread cut it first; or it alone is too big
+                return
+            self._cuts[key] = (content, size)
+            self.held += size
+            self._evict()
+
+    def fit(self, max_bytes: int) -> None:
+        """Hold at most `max_bytes` from now on (a config reload's budget), the least recently used dropped."""
+        if max_bytes == self.max_bytes:  # every turn asks; the budget changes only with the config
+            return
+        with self._lock:
+            self.max_bytes = max_bytes
+            self._evict()
+
+    def _evict(self) -> None:
+        while self.held > self.max_bytes and self._cuts:
+            self.held -= self._cuts.popitem(last=False)[1][1]
+
+
+def content_bytes(content: Any) -> int:
+    """What a content holds in memory: its strings (their own size, as Python keeps them) and a little a part."""
+    if isinstance(content, str):
+        return sys.getsizeof(content)
+    if isinstance(content, list):
+        return sum(PART_BYTES + content_bytes(part.get("text")) for part in content if isinstance(part, dict))
+    return 0
 
 
 class Cutting:

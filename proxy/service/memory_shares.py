@@ -1,0 +1,22 @@
+"""What the engine service's caches may hold of `[state] memory_mb`; the sessions have the rest (and what the
+caches leave unused), so sessions, body memos and cut contents together stay within it."""
+
+from __future__ import annotations
+
+from proxy.config.loader import StateConfig
+
+# The body memos take at most a quarter (128 MB of the default 512, more than body_memo_mb's 64).
+MEMO_SHARE = 4
+# The cut contents at most a sixteenth (32 MB of 512): a cut is at most `max_message_share` of a window (~200 KB
+# of text at 200k), so some 160 of the largest, or thousands of the usual ones.
+CUT_SHARE = 16
+
+
+def memo_budget(state: StateConfig) -> int:
+    """The body memos' bytes: `body_memo_mb`, within their share of `memory_mb`."""
+    return min(state.body_memo_bytes, state.memory_bytes // MEMO_SHARE)
+
+
+def cut_budget(state: StateConfig) -> int:
+    """The cut contents' bytes (`proxy.context.steps.CutCache`): their share of `memory_mb`."""
+    return state.memory_bytes // CUT_SHARE
