@@ -146,12 +146,13 @@ async def start_rig(
 
 
 class ChatUpstream:
-    """A bare chat upstream on 127.0.0.1: a subclass's `answer` replies to every POST /v1/chat/completions;
-    `start()` gives the base URL a proxy points at, `runner.cleanup()` stops it."""
+    """A bare upstream on 127.0.0.1: a subclass's `answer` replies to every POST to `paths` (chat completions
+    unless told); `start()` gives the base URL a proxy points at, `runner.cleanup()` stops it."""
 
-    def __init__(self, max_body: int = 128 * 1024 * 1024) -> None:
+    def __init__(self, max_body: int = 128 * 1024 * 1024, paths: tuple[str, ...] = ("/v1/chat/completions",)) -> None:
         self.app = web.Application(client_max_size=max_body)
-        self.app.router.add_post("/v1/chat/completions", self.answer)
+        for path in paths:
+            self.app.router.add_post(path, self.answer)
         self.runner = web.AppRunner(self.app)
 
     async def start(self) -> str:

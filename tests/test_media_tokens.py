@@ -20,7 +20,7 @@ from aiohttp import web
 from proxy.config.loader import ConfigHolder
 from proxy.context.policy import ModelInfo
 from proxy.service.engine_service import build_context_service
-from tests.harness import make_settings, serve_proxy
+from tests.harness import ChatUpstream, make_settings, serve_proxy
 from tests.media_files import b64, pdf, png
 
 WINDOW = 32_000
@@ -39,20 +39,12 @@ ANTHROPIC_PDF = PDF_PAGES * (1500 + 1600)
 TEXT_SLACK = 200  # the prompt's words, the framing and the markers
 
 
-class RecordingUpstream:
+class RecordingUpstream(ChatUpstream):
     """Chat, Responses and Messages on 127.0.0.1: records each body's bytes, answers "ok"."""
 
     def __init__(self) -> None:
+        super().__init__(64 * 1024 * 1024, paths=("/v1/chat/completions", "/v1/responses", "/v1/messages"))
         self.bodies: list[bytes] = []
-        self.app = web.Application(client_max_size=64 * 1024 * 1024)
-        for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
-            self.app.router.add_post(path, self.answer)
-        self.runner = web.AppRunner(self.app)
-
-    async def start(self) -> str:
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        return f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
 
     async def answer(self, request: web.Request) -> web.Response:
         raw = await request.read()
