@@ -18,7 +18,8 @@ from pathlib import Path
 
 from bench.agents_codex import _HEX, Run, drive, each_window
 from bench.agents_codex import commands as codex_commands
-from proxy.config.loader import Settings, packaged_models
+from proxy.config.loader import packaged_models
+from proxy.config.settings import Settings
 from tests.agents.claude_cli import DEFAULT_MODEL, ClaudeRun, claude_rows, run_claude
 from tests.agents.messages_upstream import FINAL_PREFIX, MAIN, ScriptedMessages, step_of
 

@@ -18,7 +18,8 @@ import aiohttp
 import orjson
 
 from bench.stats import table
-from proxy.config.loader import ConfigHolder, Settings, load_settings
+from proxy.config.loader import ConfigHolder, load_settings
+from proxy.config.settings import Settings
 from proxy.demo.simulator import SIMULATOR, SimulatorConfig, start_simulator
 from proxy.demo.traces import Trace, list_traces, load_trace, requests
 from proxy.dialects.chat import overflow_tokens

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from proxy import __version__
-from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, ServerConfig, Settings, load_settings
+from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, load_settings
 from proxy.config.schema import Source, validate
+from proxy.config.settings import ServerConfig, Settings
 from proxy.metrics import share_from_env
 from proxy.shell.log_hygiene import guard_handlers
 

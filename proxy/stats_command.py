@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from proxy.config.loader import DEFAULT_CONFIG, ConfigError, Settings, load_settings
+from proxy.config.loader import DEFAULT_CONFIG, ConfigError, load_settings
+from proxy.config.settings import Settings
 
 TIMEOUT_S = 10.0
 MAX_ROWS = 50  # the most recent sessions shown; the totals cover every one

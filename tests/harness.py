@@ -17,15 +17,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.config.loader import (
-    AnthropicConfig,
-    AuthConfig,
-    ConfigHolder,
-    ServerConfig,
-    Settings,
-    StateConfig,
-    UpstreamConfig,
-)
+from proxy.config.loader import ConfigHolder
+from proxy.config.settings import AnthropicConfig, AuthConfig, ServerConfig, Settings, StateConfig, UpstreamConfig
 from proxy.demo.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 from proxy.shell.server import UPSTREAM, create_app, serve_app
 

@@ -13,15 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config.loader import (
-    DEFAULT_CONFIG,
-    ConfigError,
-    ConfigHolder,
-    ServerConfig,
-    StateConfig,
-    UpstreamConfig,
-    load_settings,
-)
+from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, load_settings
+from proxy.config.settings import ServerConfig, StateConfig, UpstreamConfig
 from proxy.context.policy import Policy
 from tests.harness import closed_port
 from tests.served import serve, write_config

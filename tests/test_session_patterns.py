@@ -10,7 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, UpstreamConfig, load_settings
+from proxy.config.loader import DEFAULT_CONFIG, ConfigError, ConfigHolder, load_settings
+from proxy.config.settings import UpstreamConfig
 from proxy.demo.simulator import start_simulator
 from proxy.service.engine_service import build_context_service
 from tests.harness import serve_proxy

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.config.loader import StateConfig
+from proxy.config.settings import StateConfig
 from proxy.context.economics import input_cost_usd
 from proxy.context.journal import TurnReport
 from proxy.context.policy import ModelInfo

@@ -1,6 +1,6 @@
 """Every config key checked against the dataclass that holds it, each mistake reported as one line.
 
-The schema is the dataclasses themselves (`proxy.config.loader`'s sections, `Policy`, `ModelInfo`): a
+The schema is the dataclasses themselves (`proxy.config.settings`' sections, `Policy`, `ModelInfo`): a
 pydantic model is derived from each, so a new field is a new key with its type checked, and a new
 section is a new dataclass field of `Settings`. Types are strict (`"32"` is not a number), unknown
 keys are refused with the closest known one, numbers are never negative, `*_patterns` must compile under RE2.

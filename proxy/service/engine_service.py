@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.config.loader import CapsuleSpec, ConfigHolder, Settings
+from proxy.config.loader import ConfigHolder
+from proxy.config.settings import CapsuleSpec, Settings
 from proxy.context.calibration import Calibration
 from proxy.context.capsules import Capsule
 from proxy.context.policy import ModelInfo, Policy

@@ -3,7 +3,7 @@ caches leave unused), so sessions, body memos and cut contents together stay wit
 
 from __future__ import annotations
 
-from proxy.config.loader import StateConfig
+from proxy.config.settings import StateConfig
 
 # The body memos take at most a quarter (128 MB of the default 512, more than body_memo_mb's 64).
 MEMO_SHARE = 4

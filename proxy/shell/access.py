@@ -22,7 +22,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.config.loader import ConfigHolder, Settings
+from proxy.config.loader import ConfigHolder
+from proxy.config.settings import Settings
 from proxy.errors import InvalidRequest, ProxyError, error_response
 
 PROXY_KEY_HEADER = "X-Proxy-Key"

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.config.loader import Settings
+from proxy.config.settings import Settings
 from proxy.errors import BodyTooLarge, ErrorShape, ProxyError
 from proxy.metrics import METRICS
 

@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from proxy import __version__
-from proxy.config.loader import Settings
+from proxy.config.settings import Settings
 from proxy.errors import ProxyError
 from proxy.service.seam import ContextService
 from proxy.shell.access import ADMIN_COOKIE, admin_denied, admin_token, is_admin_token

@@ -23,7 +23,8 @@ import time
 from collections.abc import Iterator
 from types import FrameType
 
-from proxy.config.loader import ConfigError, Settings
+from proxy.config.loader import ConfigError
+from proxy.config.settings import Settings
 from proxy.metrics import SHARED_DIR_ENV
 
 log = logging.getLogger("proxy.workers")

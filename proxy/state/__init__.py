@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.config.loader import ConfigError, StateConfig
+from proxy.config.loader import ConfigError
+from proxy.config.settings import StateConfig
 from proxy.state.memory import SessionStore, StoredTurn
 from proxy.state.sqlite import SqliteStore
 

@@ -36,7 +36,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from proxy.config.loader import StateConfig
+from proxy.config.settings import StateConfig
 from proxy.context.calibration import RATIO_SMOOTHING, observed_ratio
 from proxy.metrics import METRICS
 from proxy.state.chain_links import ChainLinks

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from proxy.config.loader import Settings, packaged_models
+from proxy.config.loader import packaged_models
+from proxy.config.settings import Settings
 from tests.agents.agent_cli import serve_local
 from tests.agents.claude_cli import ClaudeRun, claude_rows, run_claude
 from tests.agents.messages_upstream import FINAL_PREFIX, Received, ScriptedMessages
