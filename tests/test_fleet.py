@@ -176,16 +176,65 @@ async def _shown_with(port: int, session: str, turns: int) -> dict | None:
     return shown if shown and len(shown["turn_details"]) == turns else None
 
 
+class SlowLink:
+    """A TCP relay to Redis on 127.0.0.1 that holds what its client sends for `delay_s` (a far-away network):
+    the process behind it writes to Redis that much after it has sent its request."""
+
+    def __init__(self, target_port: int, delay_s: float) -> None:
+        self.target_port, self.delay_s = target_port, delay_s
+        self.server: asyncio.Server | None = None
+        self.tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        for pipe in (self._pipe(reader, upstream_writer, self.delay_s), self._pipe(upstream_reader, writer, 0.0)):
+            task = asyncio.create_task(pipe)
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float) -> None:
+        try:
+            while data := await reader.read(65536):
+                if delay_s:
+                    await asyncio.sleep(delay_s)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "json"])
 async def test_a_previous_response_id_chain_stays_one_session_across_two_proxy_processes(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, redis_server: RedisServer, stream: bool
 ) -> None:
     """Codex continues a Responses chain by `previous_response_id` alone: each link may reach another instance
-    (here two `serve` processes on one Redis), and every link must land in the session the chain started in."""
+    (here two `serve` processes on one Redis), and every link must land in the session the chain started in.
+    A's Redis is 80 ms away, so a link's answer must not be complete at the client before A has written where
+    the chain goes: the client sends the next link to B at once (a JSON answer, sent with its length, was
+    complete before A's write)."""
     sim, url = await start_simulator()
-    config, ports = write_config(tmp_path / "chain", url, redis_server.url), [closed_port(), closed_port()]
+    slow = SlowLink(redis_server.port, delay_s=0.08)
+    slow_url = f"redis://127.0.0.1:{await slow.start()}/0"
+    configs = [write_config(tmp_path / name, url, redis) for name, redis in (("a", slow_url), ("b", redis_server.url))]
+    configs[0].write_text(configs[0].read_text().replace("redis_timeout_ms = 500", "redis_timeout_ms = 3000"))
+    ports = [closed_port(), closed_port()]
     served = [
         subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)])
-        for port in ports
+        for config, port in zip(configs, ports, strict=True)
     ]
     try:
         for port in ports:
@@ -195,15 +244,18 @@ async def test_a_previous_response_id_chain_stays_one_session_across_two_proxy_p
             base = f"http://127.0.0.1:{ports[link % 2]}/v1"
             async with openai.AsyncOpenAI(base_url=base, api_key="sk-chain", max_retries=0) as sdk:
                 extra = {"previous_response_id": previous} if previous else {}
-                stream = await sdk.responses.create(model="sim-12k", input=f"Step {link}.", stream=True, **extra)
-                done = [event async for event in stream if event.type == "response.completed"]
-            previous = done[0].response.id
+                if stream:
+                    answer = await sdk.responses.create(model="sim-12k", input=f"Step {link}.", stream=True, **extra)
+                    done = [event async for event in answer if event.type == "response.completed"]
+                    previous = done[0].response.id
+                else:
+                    previous = (await sdk.responses.create(model="sim-12k", input=f"Step {link}.", **extra)).id
 
         async def one_session(port: int) -> list[dict] | None:
             rows = await get(port, "/sessions")
             return rows if sum(row["turns"] for row in rows) == 4 else None
 
-        rows = await eventually(lambda: one_session(ports[0]))
+        rows = await eventually(lambda: one_session(ports[1]))  # B reads Redis without A's delay
         assert [row["turns"] for row in rows] == [4], rows
         shown = await get(ports[0], f"/sessions/{rows[0]['id']}")  # B served last: A shows the shared record
         assert [t["unedited"] for t in shown["turn_details"]] == [None] + ["previous_response_id"] * 3
@@ -212,4 +264,5 @@ async def test_a_previous_response_id_chain_stays_one_session_across_two_proxy_p
         for process in served:
             process.terminate()
             process.wait(timeout=30)
+        await slow.close()
         await sim.cleanup()

@@ -185,7 +185,11 @@ async def relay(
     reads_json = turn is not None and upstream.status < 400 and upstream.content_type != "text/event-stream"
     captured = bytearray() if reads_json else None
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    body_changes = sse is not None and (sse.strip or sse.watch is not None)
+    # A JSON answer goes chunked when the turn is written to a shared store after it: with its length the
+    # client would hold it whole before that write, and could send the next link of a chain to another
+    # instance that does not know it yet (the handler's end, after the commit, ends a chunked answer).
+    rechunked = turn is not None and reads_json and turn.commits
+    body_changes = (sse is not None and (sse.strip or sse.watch is not None)) or rechunked
     response.headers.update(response_headers(upstream, turn.headers if turn else {}, body_changes=body_changes))
     STREAMS_IN_FLIGHT.inc()
     completed = False
