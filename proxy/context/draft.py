@@ -65,6 +65,18 @@ class Draft:
         new = sum(tokens[self.first_new :])
         return billed_input(self.discount, self.model.write_factor, sum(tokens) - new, new)
 
+    def replies(self) -> int:
+        """The assistant messages in the request: the turns the session has had before this one."""
+        return sum(1 for m in self.messages if m.get("role") == "assistant")
+
+    def assured_turns(self) -> int:
+        """Turns after this one that all but `survival.RISK` of the agent's sessions this long outlasted."""
+        return self.lifetimes.assured_turns(self.replies() + 1)
+
+    def direct_so_far(self) -> float:
+        """What the client's requests would have billed so far, this one's included: what a bet is read against."""
+        return self.journal.direct + self.direct_bill()
+
     def emitted(self, i: int) -> Message | None:
         """What the journal's decision sends for client message `i` (None when dropped)."""
         decision = self.journal.decisions[i]

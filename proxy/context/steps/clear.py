@@ -66,12 +66,11 @@ class Clearing:
             draft.held_back = freed
             return None
         total = draft.total(counts)
-        turns = sum(1 for m in draft.messages if m.get("role") == "assistant")
+        turns = draft.replies()
         d, w = draft.discount, draft.model.write_factor
         first_turn = 0.0 if draft.journal.epochs else draft.direct_bill()  # what a first edit may bet a share of
         banked, risk_turns = draft.journal.banked, draft.policy.first_edit_risk_turns
-        assured = draft.lifetimes.assured_turns(turns + 1)  # this is request turns + 1
-        direct = draft.journal.direct + draft.direct_bill()
+        assured, direct = draft.assured_turns(), draft.direct_so_far()
 
         def value(freed: int, first: int) -> float:
             """The net saving expected of freeing `freed` tokens from token `first` on, or -1 when the edit

@@ -79,10 +79,8 @@ class Compaction:
             return None
         d, w = draft.discount, draft.model.write_factor
         cost = w * after - d * before
-        turns = sum(1 for m in draft.messages if m.get("role") == "assistant")
-        pays = epoch_saving(d, freed, expected_turns_to_come(turns, draft.lifetimes)) > cost
-        assured = draft.lifetimes.assured_turns(turns + 1)
-        direct = journal.direct + draft.direct_bill()
+        pays = epoch_saving(d, freed, expected_turns_to_come(draft.replies(), draft.lifetimes)) > cost
+        assured, direct = draft.assured_turns(), draft.direct_so_far()
         if cost > 0 and not (
             pays and within_budget(cost, journal.banked, epoch_saving(d, freed, 1.0), 0, 0, assured, direct)
         ):
