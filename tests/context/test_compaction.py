@@ -35,6 +35,16 @@ def _session() -> list[dict]:
     return messages
 
 
+def _steps(ks: range, tool: str) -> list[dict]:
+    """A call of `tool` and its long, distinct output for each k: turns that give clearing something to free."""
+    messages: list[dict] = []
+    for k in ks:
+        call = {"id": f"c{k}", "type": "function", "function": {"name": tool, "arguments": "{}"}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]}]
+        messages += [{"role": "tool", "tool_call_id": f"c{k}", "content": f"step {k} " + "x y" * 1200}]
+    return messages
+
+
 def _replay(messages: list[dict], policy: Policy = NO_CLEARING, info: ModelInfo = UNCACHED, restart: bool = False):
     journal, outcomes = Journal(), []
     for i in range(4, len(messages) + 1, 2):
@@ -69,10 +79,7 @@ def test_a_compacted_output_is_replayed_byte_for_byte_on_later_turns_and_after_a
 def test_when_the_output_pointed_at_is_cleared_the_compacted_one_gets_its_lines_back():
     messages = _session()
     messages[6]["tool_calls"][0]["function"]["name"] = "view"  # the second read: a tool never cleared
-    for k in range(5, 10):
-        call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
-        messages += [{"role": "assistant", "content": None, "tool_calls": [call]}]
-        messages += [{"role": "tool", "tool_call_id": f"c{k}", "content": f"step {k} " + "x y" * 1200}]
+    messages += _steps(range(5, 10), "bash")
     clears = ClearPolicy(keep_tokens=0, keep_under=0, clear_at_least=900, exclude_tools=("view",))
     outcomes = _replay(messages, policy=Policy(clear_tool_outputs=clears))
     assert outcomes[3].journal.decisions[7].kind == COMPACTED
@@ -190,10 +197,7 @@ def test_when_the_first_read_is_cleared_every_read_pointing_through_it_still_rea
     again, and the third points at its lines 20-22 instead."""
     messages = _reads({}, FIRST_EDIT, {}, shown=(20, 22))
     messages[2]["tool_calls"][0]["function"]["name"] = "bash"  # only the first read may be cleared
-    for k in range(3, 9):
-        call = {"id": f"c{k}", "type": "function", "function": {"name": "view", "arguments": "{}"}}
-        messages += [{"role": "assistant", "content": None, "tool_calls": [call]}]
-        messages += [{"role": "tool", "tool_call_id": f"c{k}", "content": f"step {k} " + "x y" * 1200}]
+    messages += _steps(range(3, 9), "view")
     clears = ClearPolicy(keep_tokens=0, keep_under=0, clear_at_least=200, exclude_tools=("view",))
     outcomes = _replay(messages, policy=Policy(clear_tool_outputs=clears))
     assert any(len(o.journal) > 7 and o.journal.decisions[7].kind == COMPACTED for o in outcomes)
