@@ -33,12 +33,12 @@ WINDOW_MODEL, BIG_MODEL = "claude-sim-32k", "claude-sonnet-4-5"
 WRITE, READ = 1.25, 0.1
 
 
-def _plain(value: Any) -> Any:
+def unmarked(value: Any) -> Any:
     """A message or block without `cache_control` (the proxy may move breakpoints; content is what counts)."""
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [unmarked(v) for v in value]
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if k != "cache_control"}
+        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
     return value
 
 
@@ -55,7 +55,7 @@ class Kept:
     thinking_altered: int = 0
 
     def check(self, sent: dict[str, Any], upstream: dict[str, Any]) -> None:
-        messages, forwarded = _plain(sent["messages"]), _plain(upstream["messages"])
+        messages, forwarded = unmarked(sent["messages"]), unmarked(upstream["messages"])
         self.turns += 1
         self.last_intact += forwarded[-1] == messages[-1]
         self.task_kept += messages[0] in forwarded

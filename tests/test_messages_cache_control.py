@@ -13,6 +13,7 @@ import aiohttp
 import anthropic
 import pytest
 
+from bench.anthropic import unmarked  # the breakpoints move every turn; what they mark is cached
 from proxy.context.clearing import PLACEHOLDER
 from proxy.context.policy import ModelInfo
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
@@ -54,15 +55,6 @@ def marked(body: dict[str, Any]) -> dict[str, Any]:
             if "cache_control" in block:
                 found[f"messages.{i}.content.{k}"] = block["cache_control"]
     return found
-
-
-def unmarked(value: Any) -> Any:
-    """Blocks without `cache_control`: the breakpoints move every turn, the content they mark is what is cached."""
-    if isinstance(value, list):
-        return [unmarked(v) for v in value]
-    if isinstance(value, dict):
-        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
-    return value
 
 
 def _tool_loop(turns: int, output: str) -> list[dict[str, Any]]:
