@@ -26,6 +26,7 @@ from proxy.demo.traces_messages import messages_requests
 from proxy.stats_command import usd
 from tests.chromium import Browser, Tab, chromium
 from tests.served import ServedProxy, serve
+from tests.test_stats import CONFIG as STATS_CONFIG
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -34,13 +35,10 @@ TOKEN_ENV = "DASHBOARD_TEST_ADMIN_TOKEN"
 CHAT_MODEL, CLAUDE_MODEL = "sim-8k", "sim-claude-32k"
 HOSTILE_ID = "<img/src=x/onerror=window.__pwned=1>"  # printable ASCII without spaces: a valid session id
 HOSTILE_MODEL = "sim-<svg/onload=window.__pwned=2>"
-CONFIG = """
-[server]
-admin_token_env = "{token_env}"
-
-[upstream]
-base_url = "{upstream}"
-
+# test_stats' proxy (the admin token, the sim-* models), with a Messages upstream and a Claude model beside.
+CONFIG = (
+    STATS_CONFIG
+    + """
 [anthropic]
 base_url = "{anthropic}"
 
@@ -49,16 +47,8 @@ context_window = 32000
 encoding = "o200k_base"
 input_per_mtok = 3.00
 cached_input_per_mtok = 0.30
-
-[models."sim-*"]
-context_window = 8000
-encoding = "o200k_base"
-input_per_mtok = 2.50
-cached_input_per_mtok = 1.25
-
-[policy]
-reserve_output_tokens = 1000
 """
+)
 # Each figure the page shows in `selector`: its field -> [the number it carries, the text shown].
 FIGURES = """((selector) => Object.fromEntries([...document.querySelectorAll(selector + ' [data-field]')]
     .map((n) => [n.dataset.field, [JSON.parse(n.dataset.value ?? 'null'), n.textContent]])))"""
