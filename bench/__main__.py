@@ -115,13 +115,14 @@ def _fleet(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import fleet
 
     measured = tuple(ns.set) if ns.set else ("tuned", "held-out")
-    return asyncio.run(fleet.run_fleet(measured=measured, api=ns.api)), fleet.render
+    return asyncio.run(fleet.run_fleet(measured=measured, api=ns.api, behind=ns.behind)), fleet.render
 
 
 def _hindsight(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import hindsight
+    from bench.quality import named_sets
 
-    return hindsight.run_hindsight(), hindsight.render
+    return hindsight.run_hindsight(named_sets(ns.set) if ns.set else None), hindsight.render
 
 
 def _epoch_rule(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -218,7 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", metavar="FILE", help="also write the raw result as JSON")
     parser.add_argument(
-        "--set", action="append", help="quality: only this set (repeatable), e.g. 'others A'; fleet: tuned, held-out"
+        "--set",
+        action="append",
+        help="quality, hindsight: only this set (repeatable), e.g. 'others A'; fleet: tuned, held-out",
+    )
+    parser.add_argument(
+        "--behind",
+        type=float,
+        help="fleet: the survival bet's cap for this run (economics.BEHIND, shipped 0.015): how far behind its "
+        "direct bill so far a session ending on an edit's turn may be",
     )
     parser.add_argument("--setting", action="append", help="quality: only this setting (repeatable), e.g. 'direct'")
     ns = parser.parse_args(argv)

@@ -26,6 +26,7 @@ from bench.quality import held_out
 from bench.savings import Replay, _session_prefix, _settings, replay
 from bench.stats import table
 from proxy.config.loader import ConfigHolder, load_settings
+from proxy.context import economics
 from proxy.context.policy import policy_from_dict
 from proxy.demo.simulator import SIMULATOR, Simulator, SimulatorConfig, start_simulator
 from proxy.demo.traces import Trace, load_trace
@@ -43,8 +44,19 @@ def _sets() -> dict[str, list[str | Path]]:
 
 
 async def run_fleet(
-    discount: float = 0.1, measured: tuple[str, ...] = ("tuned", "held-out"), api: str = "chat"
+    discount: float = 0.1,
+    measured: tuple[str, ...] = ("tuned", "held-out"),
+    api: str = "chat",
+    behind: float | None = None,
 ) -> dict[str, Any]:
+    """`behind` replaces `economics.BEHIND` (the survival bet's cap) for this run: the sweep that shows what
+    the cap costs and what lifting it risks."""
+    if behind is not None:
+        shipped, economics.BEHIND = economics.BEHIND, behind
+        try:
+            return await run_fleet(discount, measured, api)
+        finally:
+            economics.BEHIND = shipped
     sets = _sets()
     sim_runner, sim_url = await start_simulator(
         SimulatorConfig(models={MODEL: 128000, "claude-": 200000}, record_limit=4)
@@ -58,7 +70,7 @@ async def run_fleet(
     holder = ConfigHolder(replace(settings, policy_data=data, policy=policy_from_dict(data)))
     context = build_context_service(holder)
     runner, port = await server.start(holder, context=context)
-    result: dict[str, Any] = {"discount": discount, "api": api, "sets": {}}
+    result: dict[str, Any] = {"discount": discount, "api": api, "behind": economics.BEHIND, "sets": {}}
     try:
         async with aiohttp.ClientSession() as client:
             for set_name in ("history", *measured):
@@ -116,6 +128,7 @@ def render(result: dict[str, Any]) -> str:
         lines = [f"Messages: {billed}, one proxy, sessions in order"]
     else:
         lines = [f"d = {result['discount']}: billed input (uncached + d x cached), one proxy, sessions in order"]
+    lines[0] += f"; survival bet capped at {result.get('behind', economics.BEHIND)} of direct behind"
     summary = []
     for set_name, rows in result["sets"].items():
         direct, proxy = sum(r["direct"] for r in rows), sum(r["proxy"] for r in rows)

@@ -18,6 +18,7 @@ by block (a message is a block): the prefix shared with the request before at d,
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 from bench.stats import table
@@ -30,7 +31,7 @@ from tests.context.replay import TRACE_NAMES, policy_for, turns
 PRICES = (("openai d=0.5", 0.5, 1.0), ("openai d=0.1", 0.1, 1.0), ("anthropic 5m", 0.1, 1.25))
 
 
-def best_epoch(name: str, counter: Counter) -> dict[str, Any]:
+def best_epoch(name: str | Path, counter: Counter) -> dict[str, Any]:
     trace = load_trace(name)
     policy = policy_for(trace)
     clear = ClearToolOutputs.from_policy(policy.clear_tool_outputs)
@@ -43,7 +44,7 @@ def best_epoch(name: str, counter: Counter) -> dict[str, Any]:
         first = sum(counts[: min(indices)]) if indices else 0
         sizes.append(sum(counts))
         plans.append((plan.tokens, first))
-    row: dict[str, Any] = {"trace": name.split(".")[0], "turns": len(requests)}
+    row: dict[str, Any] = {"trace": trace.name.split(".")[0], "turns": len(requests)}
     for label, d, w in PRICES:
         direct = sum(d * before + w * (after - before) for before, after in zip([0, *sizes], sizes, strict=False))
         best, at = 0.0, -1
@@ -58,7 +59,7 @@ def best_epoch(name: str, counter: Counter) -> dict[str, Any]:
     return row
 
 
-def best_schedule(name: str, counter: Counter, d: float, w: float) -> dict[str, Any]:
+def best_schedule(name: str | Path, counter: Counter, d: float, w: float) -> dict[str, Any]:
     """The cheapest schedule of clearing epochs in hindsight, and the direct bill, for one trace."""
     trace = load_trace(name)
     clear = ClearToolOutputs.from_policy(policy_for(trace).clear_tool_outputs)
@@ -100,23 +101,31 @@ def best_schedule(name: str, counter: Counter, d: float, w: float) -> dict[str, 
             run += plain(state, t)
         best[s] = choice
     bill, epochs = best[-1]
-    return {"trace": name.split(".")[0], "direct": direct, "bill": bill, "epochs": epochs, "not_nested": growing}
+    return {"trace": trace.name.split(".")[0], "direct": direct, "bill": bill, "epochs": epochs, "not_nested": growing}
 
 
-def run_hindsight() -> dict[str, Any]:
+def run_hindsight(sets: dict[str, list[str | Path]] | None = None) -> dict[str, Any]:
+    """Both bounds on each set of traces (`bench quality`'s set names; the packaged traces by default)."""
     from proxy.tokens.counter import counter_for
 
     counter = counter_for("o200k_base")
-    rows = [best_epoch(name, counter) for name in TRACE_NAMES]
-    totals, schedules = {}, {}
-    for label, d, w in PRICES:
-        direct = sum(r[label]["direct"] for r in rows)
-        totals[label] = (direct - sum(r[label]["best_net"] for r in rows)) / direct
-        schedules[label] = [best_schedule(name, counter, d, w) for name in TRACE_NAMES]
-    return {"rows": rows, "totals": totals, "schedules": schedules}
+    result: dict[str, Any] = {}
+    for set_name, names in (sets or {"packaged": list(TRACE_NAMES)}).items():
+        rows = [best_epoch(name, counter) for name in names]
+        totals, schedules = {}, {}
+        for label, d, w in PRICES:
+            direct = sum(r[label]["direct"] for r in rows)
+            totals[label] = (direct - sum(r[label]["best_net"] for r in rows)) / direct
+            schedules[label] = [best_schedule(name, counter, d, w) for name in names]
+        result[set_name] = {"rows": rows, "totals": totals, "schedules": schedules}
+    return result
 
 
 def render(result: dict[str, Any]) -> str:
+    return "\n\n".join(f"== {set_name}\n{_render_set(one)}" for set_name, one in result.items())
+
+
+def _render_set(result: dict[str, Any]) -> str:
     header = ["trace", "turns"] + [f"{label}: {col}" for label, _, _ in PRICES for col in ("best turn", "bill/direct")]
     rows = [
         [r["trace"], r["turns"], *(v for label, _, _ in PRICES for v in (r[label]["turn"], r[label]["ratio"]))]
