@@ -226,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--behind",
         type=float,
-        help="fleet: the survival bet's cap for this run (economics.BEHIND, shipped 0.015): how far behind its "
-        "direct bill so far a session ending on an edit's turn may be",
+        help="fleet: [policy] bet_overrun for this run (the survival bet's cap, shipped 0.015): how far above "
+        "its direct bill so far a session ending on an edit's turn may be",
     )
     parser.add_argument("--setting", action="append", help="quality: only this setting (repeatable), e.g. 'direct'")
     ns = parser.parse_args(argv)

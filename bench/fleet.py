@@ -49,14 +49,8 @@ async def run_fleet(
     api: str = "chat",
     behind: float | None = None,
 ) -> dict[str, Any]:
-    """`behind` replaces `economics.BEHIND` (the survival bet's cap) for this run: the sweep that shows what
-    the cap costs and what lifting it risks."""
-    if behind is not None:
-        shipped, economics.BEHIND = economics.BEHIND, behind
-        try:
-            return await run_fleet(discount, measured, api)
-        finally:
-            economics.BEHIND = shipped
+    """`behind` is `[policy] bet_overrun` for this run (the survival bet's cap, `economics.BEHIND` by default):
+    the sweep that shows what the cap costs and what lifting it risks."""
     sets = _sets()
     sim_runner, sim_url = await start_simulator(
         SimulatorConfig(models={MODEL: 128000, "claude-": 200000}, record_limit=4)
@@ -67,10 +61,17 @@ async def run_fleet(
     else:
         settings = _settings(sim_url, discount)
     data = {**settings.policy_data, "session_end_idle_s": END_IDLE_S}
+    if behind is not None:
+        data["bet_overrun"] = behind
     holder = ConfigHolder(replace(settings, policy_data=data, policy=policy_from_dict(data)))
     context = build_context_service(holder)
     runner, port = await server.start(holder, context=context)
-    result: dict[str, Any] = {"discount": discount, "api": api, "behind": economics.BEHIND, "sets": {}}
+    result: dict[str, Any] = {
+        "discount": discount,
+        "api": api,
+        "behind": holder.settings.policy.bet_overrun,
+        "sets": {},
+    }
     try:
         async with aiohttp.ClientSession() as client:
             for set_name in ("history", *measured):

@@ -86,14 +86,21 @@ def test_an_invalid_policy_value_is_reported(config_dir: Path) -> None:
         load_settings(config_dir / "proxy.toml")
 
 
+@pytest.mark.parametrize("key", ["first_edit_risk_turns", "bet_overrun"])
 @pytest.mark.parametrize("value", ["-1", "inf", "nan"])
-def test_a_first_edit_risk_that_is_negative_or_not_finite_is_refused_in_a_session_file(
-    config_dir: Path, value: str
+def test_a_bet_that_is_negative_or_not_finite_is_refused_in_a_session_file(
+    config_dir: Path, key: str, value: str
 ) -> None:
     """Infinite would read as "any bet" on the first edit and turn into nan (no edit at all) on every later one."""
-    (config_dir / "sessions" / "bets.toml").write_text(f'match = ["x"]\n[policy]\nfirst_edit_risk_turns = {value}\n')
-    with pytest.raises(ConfigError, match=r"bets\.toml:3: \[policy\] first_edit_risk_turns"):
+    (config_dir / "sessions" / "bets.toml").write_text(f'match = ["x"]\n[policy]\n{key} = {value}\n')
+    with pytest.raises(ConfigError, match=rf"bets\.toml:3: \[policy\] {key}"):
         load_settings(config_dir / "proxy.toml")
+
+
+def test_a_session_file_sets_the_bet_overrun(config_dir: Path) -> None:
+    (config_dir / "sessions" / "bets.toml").write_text('match = ["fleet-*"]\n[policy]\nbet_overrun = 0.2\n')
+    settings = load_settings(config_dir / "proxy.toml")
+    assert settings.policy.bet_overrun == 0.015 and settings.policy_for("fleet-1")[0].bet_overrun == 0.2
 
 
 def test_a_session_file_turns_compaction_off_and_a_string_for_it_is_refused(config_dir: Path) -> None:

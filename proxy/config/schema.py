@@ -78,6 +78,7 @@ RULES: dict[str, Any] = {
     "Policy.low_water": SHARE,
     "Policy.max_message_share": SHARE,
     "Policy.first_edit_risk_turns": Field(ge=0, allow_inf_nan=False),  # inf x a later edit's 0 would be nan
+    "Policy.bet_overrun": Field(ge=0, allow_inf_nan=False),
     "Policy.session_end_idle_s": Field(gt=0, allow_inf_nan=False),
     "ClearPolicy.miss_keep_tokens": Field(ge=0),
     "ClearPolicy.stub_tokens": Field(ge=0),

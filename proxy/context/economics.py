@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from proxy.context.policy import ModelInfo
+from proxy.context.policy import ModelInfo, Policy
 from proxy.context.survival import NO_HISTORY, Lifetimes
 
 # Turns still to come, as a share of the turns so far. SPEC §3 starts from 0.5; with the budget below
@@ -28,11 +28,8 @@ STAKE = 0.5
 # edit's allowance was one turn's whole bill until 24 sampled runs showed 3 ending before it was repaid
 # (1.006-1.011 of direct at d = 0.1); 2 to 8 turns bill some trace above direct too (`bench epoch-rule`).
 REPAY_TURNS = 1.0
-# A bet on the turns the agent's history assures (`survival.RISK`) may leave a session that ends on the edit's
-# turn at most this share of its direct bill so far above it: issue 27 asks no session above 1.02, and our counts
-# may be a little off the upstream's. It holds back most bets: `bench fleet` tuned 0.969 of direct at 0.02,
-# 0.954 at 0.05, 0.916 at 0.1, 0.903 without it (BENCHMARKS.md, "A fleet of one agent").
-BEHIND = 0.015
+# The shipped cap on a bet on the turns the agent's history assures (`Policy.bet_overrun`, where it is explained).
+BEHIND = Policy.bet_overrun
 
 # One block of a request as the cache sees it: its exact bytes and its tokens.
 Block = tuple[bytes, int]
@@ -127,6 +124,7 @@ def within_budget(
     risk_turns: float = 0.0,
     assured_turns: float = 0.0,
     direct: float = 0.0,
+    behind: float = BEHIND,
 ) -> bool:
     """Whether an edit costing `cost` billed tokens this turn may be made, with `banked` saved so far,
     `per_turn` the billed tokens it saves on each turn after this one (`epoch_saving` of one turn), and
@@ -138,14 +136,14 @@ def within_budget(
     `REPAY_TURNS` turns after it: with no risk, a session that goes on for one more turn has lost at
     most the stake, so its edits keep it at or under no edits at all. Where the agent's history says all but
     `survival.RISK` of its sessions that lasted this long went on for `assured_turns` more, it may cost what
-    it wins back by then, as long as the session, were it to end on this turn, would be at most `BEHIND` of
-    `direct` (the client's requests' bill so far, this one's included) above it.
+    it wins back by then, as long as the session, were it to end on this turn, would be at most `behind`
+    (`Policy.bet_overrun`) of `direct` (the client's requests' bill so far, this one's included) above it.
     """
     risk = risk_turns * first_turn if first_turn > 0 else 0.0
     stake = STAKE * max(0.0, banked)
     if cost <= stake + REPAY_TURNS * per_turn + risk:
         return True
-    return cost <= stake + assured_turns * per_turn and cost <= banked + BEHIND * direct
+    return cost <= stake + assured_turns * per_turn and cost <= banked + behind * direct
 
 
 def cached_prefix(previous: Sequence[Block], current: Sequence[Block]) -> int:

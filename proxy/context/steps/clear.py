@@ -70,14 +70,15 @@ class Clearing:
         d, w = draft.discount, draft.model.write_factor
         first_turn = 0.0 if draft.journal.epochs else draft.direct_bill()  # what a first edit may bet a share of
         banked, risk_turns = draft.journal.banked, draft.policy.first_edit_risk_turns
-        assured, direct = draft.assured_turns(), draft.direct_so_far()
+        assured, direct, overrun = draft.assured_turns(), draft.direct_so_far(), draft.policy.bet_overrun
 
         def value(freed: int, first: int) -> float:
             """The net saving expected of freeing `freed` tokens from token `first` on, or -1 when the edit
             costs more this turn than the budget allows (`economics.within_budget`)."""
             after = total - freed
             cost = epoch_cost(d, after, first, freed, w)
-            if not within_budget(cost, banked, epoch_saving(d, freed, 1.0), first_turn, risk_turns, assured, direct):
+            per_turn = epoch_saving(d, freed, 1.0)
+            if not within_budget(cost, banked, per_turn, first_turn, risk_turns, assured, direct, overrun):
                 return -1.0
             return epoch_value(
                 discount=d,

@@ -82,7 +82,10 @@ class Compaction:
         pays = epoch_saving(d, freed, expected_turns_to_come(draft.replies(), draft.lifetimes)) > cost
         assured, direct = draft.assured_turns(), draft.direct_so_far()
         if cost > 0 and not (
-            pays and within_budget(cost, journal.banked, epoch_saving(d, freed, 1.0), 0, 0, assured, direct)
+            pays
+            and within_budget(
+                cost, journal.banked, epoch_saving(d, freed, 1.0), 0, 0, assured, direct, draft.policy.bet_overrun
+            )
         ):
             return None
         draft.decide(i, decision)
