@@ -1,5 +1,6 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|request-profile|stall|stall-items|ab`
 `|smoke|quality|hindsight|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude|fleet`
+`|frontier`
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -143,6 +144,13 @@ def _quality(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return quality.run_quality(sets=quality.named_sets(ns.set or None), only=ns.setting or None), quality.render
 
 
+def _frontier(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import frontier, quality
+
+    sets = quality.named_sets(ns.set or None)
+    return frontier.run_frontier(sets=sets, only=ns.setting or None), frontier.render
+
+
 def _compaction(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import compaction
 
@@ -192,6 +200,7 @@ COMMANDS: dict[str, Runner] = {
     "slow-clients": _slow_clients,
     "state": _state,
     "compaction": _compaction,
+    "frontier": _frontier,
 }
 
 
@@ -221,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set",
         action="append",
-        help="quality, hindsight: only this set (repeatable), e.g. 'others A'; fleet: tuned, held-out",
+        help="quality, hindsight, frontier: only this set (repeatable), e.g. 'others A'; fleet: tuned, held-out",
     )
     parser.add_argument(
         "--behind",
@@ -229,7 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         help="fleet: [policy] bet_overrun for this run (the survival bet's cap, shipped 0.015): how far above "
         "its direct bill so far a session ending on an edit's turn may be",
     )
-    parser.add_argument("--setting", action="append", help="quality: only this setting (repeatable), e.g. 'direct'")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        help="quality, frontier: only this setting (repeatable), e.g. 'direct'; frontier always adds its oracle "
+        "(lost vs billed at 128k, d = 1 and 0.5, knowing the agent's next messages)",
+    )
     ns = parser.parse_args(argv)
     started = time.monotonic()
     result, render = COMMANDS[ns.kind](ns)
