@@ -82,6 +82,7 @@ RULES: dict[str, Any] = {
     "Policy.session_end_idle_s": Field(gt=0, allow_inf_nan=False),
     "ClearPolicy.miss_keep_tokens": Field(ge=0),
     "ClearPolicy.stub_tokens": Field(ge=0),
+    "ClearPolicy.forced_stub_tokens": Field(ge=0),
     "ModelInfo.context_window": Field(ge=1),
     "ModelInfo.encoding": Literal[tuple(PACKAGED_FILES)],
     "ModelInfo.cache_ttl_s": Field(ge=0),

@@ -59,8 +59,13 @@ def test_an_output_the_agent_never_quoted_becomes_the_placeholder():
     assert output(run(24)[-1], "c1") == PLACEHOLDER
 
 
-def test_with_stub_tokens_zero_the_quoted_view_becomes_the_placeholder():
-    off = replace(POLICY, clear_tool_outputs=replace(RULES, stub_tokens=0))
+def test_with_stub_tokens_zero_a_clearing_the_window_forces_still_keeps_the_quoted_view():
+    forced_only = replace(POLICY, clear_tool_outputs=replace(RULES, stub_tokens=0))  # forced_stub_tokens: 600
+    assert output(run(24, forced_only)[-1], "c2") == output(run(24)[-1], "c2") != PLACEHOLDER
+
+
+def test_with_both_stub_budgets_zero_the_quoted_view_becomes_the_placeholder():
+    off = replace(POLICY, clear_tool_outputs=replace(RULES, stub_tokens=0, forced_stub_tokens=0))
     assert output(run(24, off)[-1], "c2") == PLACEHOLDER
 
 

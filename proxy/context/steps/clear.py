@@ -21,7 +21,8 @@ RECENT_MESSAGES = 6
 # and by 1/REPLAN_GROWTH of itself: a plan walks the whole conversation, so on a long one this
 # keeps planning to one turn in many instead of every turn that adds a tool output.
 REPLAN_GROWTH = 8
-# A cleared output's stub keeps at most this share of its tokens (and at most `stub_tokens`).
+# A cleared output's stub keeps at most this share of its tokens (and at most `stub_tokens`, or
+# `forced_stub_tokens` where the window forces the epoch).
 STUB_SHARE = 0.3
 _CLEARED = Decision(CLEARED)
 
@@ -41,7 +42,7 @@ class Clearing:
         out, _ = draft.render()
         visible = draft.visible()
         planned = [visible[v] for v in epoch.plan.indices(*draft.visible_output(out))]
-        for i, decision in zip(planned, _stubbed(draft, planned), strict=True):
+        for i, decision in zip(planned, _stubbed(draft, planned, forced=epoch.over_budget), strict=True):
             draft.decide(i, decision)
         report.cleared = len(planned)
 
@@ -120,12 +121,18 @@ class Clearing:
         return plan
 
 
-def _stubbed(draft: Draft, cleared: list[int]) -> list[Decision]:
+def _stubbed(draft: Draft, cleared: list[int], *, forced: bool) -> list[Decision]:
     """The decision for each client message `cleared`: a stub keeping the lines holding what the agent wrote
-    after reading it (`stubs.choose_lines`), within `stub_tokens` and `STUB_SHARE` of the output; or the
-    placeholder when it quoted nothing from it (or stubs are off)."""
+    (`stubs.choose_lines`), within `STUB_SHARE` of the output and `stub_tokens`; or the placeholder when it
+    quoted too little from it (or stubs are off).
+
+    In an epoch the window (or the soft budget) forces, the budget is `forced_stub_tokens` when larger, and what
+    the agent wrote counts from the start of the session: truncation drops its older messages in the same epoch,
+    so a token it quoted before reading the output may stand nowhere else once the output is cleared. Otherwise
+    only what it wrote after reading the output counts (its own messages still hold the rest)."""
     rules = draft.policy.clear_tool_outputs
-    if rules.stub_tokens <= 0 or not cleared:
+    stub_tokens = max(rules.stub_tokens, rules.forced_stub_tokens) if forced else rules.stub_tokens
+    if stub_tokens <= 0 or not cleared:
         return [_CLEARED] * len(cleared)
     messages = draft.messages
     fixed = never_edited(messages)
@@ -137,10 +144,13 @@ def _stubbed(draft: Draft, cleared: list[int]) -> list[Decision]:
             quoted_after[i] = quoted
         elif messages[i].get("role") == "assistant":
             quoted = quoted | (message_tokens(messages[i]) - fixed)
+    if forced:
+        before = (message_tokens(m) for m in messages[: min(cleared)] if m.get("role") == "assistant")
+        quoted_after = dict.fromkeys(cleared, quoted.union(*before) - fixed)
     decisions = []
     for i in cleared:
         text = content_text(messages[i])
-        budget = min(rules.stub_tokens, int(STUB_SHARE * draft.journal.tokens[i]))
+        budget = min(stub_tokens, int(STUB_SHARE * draft.journal.tokens[i]))
         lines = stubs.choose_lines(text, quoted_after[i], budget, draft.counter) if text else ()
         decisions.append(Decision(CLEARED, reference=stubs.encode(lines)) if lines else _CLEARED)
     return decisions
