@@ -13,8 +13,19 @@ from dataclasses import dataclass, field
 
 from proxy.context.economics import billed_input
 from proxy.context.fitting import omission_note
-from proxy.context.journal import AS_SENT, KEEP, Decision, Injection, Journal
-from proxy.context.messages import Message, message_digest
+from proxy.context.journal import (
+    AS_SENT,
+    CLEARED,
+    COMPACTED,
+    CONTENT_BYTES,
+    DEDUPED,
+    KEEP,
+    Decision,
+    EditedContents,
+    Injection,
+    Journal,
+)
+from proxy.context.messages import Message, content_bytes, message_digest
 from proxy.context.patterns import Pattern
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.survival import NO_HISTORY, Lifetimes
@@ -22,6 +33,9 @@ from proxy.context.tokens import Counter
 
 # What an edit kind sends for client message `i` under its decision (None: nothing, the message is dropped).
 Emitter = Callable[["Draft", int, Decision], "Message | None"]
+# The kinds whose emitter sends `{**message, "content": c}`, `c` made from the message and those before it alone:
+# their contents are kept from turn to turn (`EditedContents`). A cut's come from the `CutCache`.
+KEPT_CONTENTS = frozenset({CLEARED, COMPACTED, DEDUPED})
 
 
 @dataclass
@@ -47,6 +61,11 @@ class Draft:
     held_back: int = 0  # tokens a clearing could free this turn (at most) that it does not free: it does not pay yet
     # How long the agent's finished sessions lasted: what an edit's turns to come are priced by (`economics`).
     lifetimes: Lifetimes = NO_HISTORY
+    # The last turn's edited contents, good for client messages before `reusable` (`EditedContents.reusable`),
+    # and this request's, by client index: what `emitted` sent under which decision.
+    carried: EditedContents | None = None
+    reusable: int = 0
+    contents: dict[int, tuple[Decision, object]] = field(default_factory=dict)
 
     @property
     def discount(self) -> float:
@@ -78,11 +97,33 @@ class Draft:
         return self.journal.direct + self.direct_bill()
 
     def emitted(self, i: int) -> Message | None:
-        """What the journal's decision sends for client message `i` (None when dropped)."""
+        """What the journal's decision sends for client message `i` (None when dropped); an edited content made
+        under the same decision this request or (for a message as it was) last turn is taken again."""
         decision = self.journal.decisions[i]
         if decision.kind == KEEP:
             return self.messages[i]
-        return self.emitters[decision.kind](self, i, decision)
+        if decision.kind not in KEPT_CONTENTS:
+            return self.emitters[decision.kind](self, i, decision)
+        known = self.contents.get(i)
+        if known is None and i < self.reusable and self.carried is not None:
+            known = self.carried.contents.get(i)
+        if known is not None and (known[0] is decision or known[0] == decision):
+            self.contents[i] = known
+            return {**self.messages[i], "content": known[1]}
+        message = self.emitters[decision.kind](self, i, decision)
+        if message is not None:
+            self.contents[i] = (decision, message.get("content"))
+        return message
+
+    def carry(self) -> EditedContents | None:
+        """This request's edited contents under the journal's final decisions, for the next turn (None: none)."""
+        decisions = self.journal.decisions
+        kept = {i: known for i, known in self.contents.items() if i < len(decisions) and known[0] == decisions[i]}
+        if not kept:
+            return None
+        journal = self.journal
+        held = 16 * len(journal.digests) + sum(CONTENT_BYTES + content_bytes(c) for _, c in kept.values())
+        return EditedContents(list(journal.digests), list(journal.outputs), kept, held)
 
     def render(self) -> tuple[list[Message], list[int]]:
         """The output messages and their counts: decisions replayed, injections and omission notes in place."""

@@ -26,6 +26,7 @@ ENTRY_BYTES = 120
 BODY_BYTES = 150
 DECISION_BYTES = 70
 BLOCK_BYTES = 400  # a capsule of the snapshot, or an injection's own object
+CONTENT_BYTES = 150  # an edited message's entry in `EditedContents`, beside its content
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,30 @@ def _weight(decision: Decision) -> int:
     """Bytes a decision adds to its journal: nothing for a simple one (one object shared by all), else its
     object and reference (a dedup line, compacted runs, a stub's kept lines)."""
     return 0 if decision.kind in _SIMPLE and not decision.reference else DECISION_BYTES + len(decision.reference)
+
+
+@dataclass(frozen=True, slots=True)
+class EditedContents:
+    """What a turn sent for its edited messages (cleared, compacted, deduplicated: each `{**message, "content": c}`),
+    by client index: the decision and the content `c`, with the journal's digests and outputs they were made from.
+
+    An emitted content depends on its message and the messages before it alone, so while those digests and outputs
+    still lead the journal, the next turn's render takes `c` again instead of emitting it anew (a compaction's
+    lines and labels, a stub's kept lines): on a long edited conversation that was most of a warm turn. Kept in
+    this process only (a restored journal emits once); `held` is what it holds in memory.
+    """
+
+    digests: list[bytes]
+    outputs: list[bool]
+    contents: dict[int, tuple[Decision, Any]]
+    held: int
+
+    def reusable(self, journal: Journal) -> int:
+        """How many leading messages of `journal` these contents hold for: all of theirs, or 0."""
+        n = len(self.digests)
+        if n > len(journal.digests) or journal.digests[:n] != self.digests or journal.outputs[:n] != self.outputs:
+            return 0
+        return n
 
 
 @dataclass(frozen=True)
@@ -168,6 +193,8 @@ class Journal:
     direct: float = 0.0
     # The `_weight` of every decision, kept as decisions change (`decide`), so `approx_bytes` walks nothing.
     edit_bytes: int = 0
+    # What the last turn sent for its edited messages, for the next turn's render (not stored: this process's only).
+    edited: EditedContents | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.digests)
@@ -190,6 +217,7 @@ class Journal:
             banked=self.banked,
             direct=self.direct,
             edit_bytes=self.edit_bytes,
+            edited=self.edited,
         )
 
     def approx_bytes(self) -> int:
@@ -201,6 +229,7 @@ class Journal:
             + sum(BLOCK_BYTES + len(j.text) for j in self.injections)
             + BLOCK_BYTES * len(self.snapshot)
             + self.recall.approx_bytes()
+            + (self.edited.held if self.edited is not None else 0)
         )
 
     def decide(self, i: int, decision: Decision) -> None:

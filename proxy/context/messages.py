@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections import Counter as Tally
 from collections.abc import Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from proxy.context.tokens import canonical_bytes
 
 Message = dict[str, Any]
 INSTRUCTION_ROLES = ("system", "developer")
+PART_BYTES = 250  # a content part's dict, beside its text
 
 
 def newest(messages: Sequence[Message]) -> int:
@@ -143,3 +145,12 @@ def units(messages: Sequence[Message]) -> list[tuple[int, int]]:
 
 def _legacy_call(message: Message) -> bool:
     return message.get("role") == "assistant" and isinstance(message.get("function_call"), dict)
+
+
+def content_bytes(content: Any) -> int:
+    """What a content holds in memory: its strings (their own size, as Python keeps them) and a little a part."""
+    if isinstance(content, str):
+        return sys.getsizeof(content)
+    if isinstance(content, list):
+        return sum(PART_BYTES + content_bytes(part.get("text")) for part in content if isinstance(part, dict))
+    return 0

@@ -107,6 +107,8 @@ def process(
     if digests is None:
         digests = [message_digest(m) for m in messages]
     draft.first_new = state.align(digests)
+    if state.edited is not None:  # the last turn's edited contents, while its messages lead this one
+        draft.carried, draft.reusable = state.edited, state.edited.reusable(state)
     compaction = next(step for step in edits if isinstance(step, Compaction))
     deduped, compacted = _record(draft, digests, compaction)
     out, counts = draft.render()
@@ -151,6 +153,7 @@ def process(
     state.direct += draft.direct_bill()
     report.banked = round(state.banked, 1)
     state.record(report)
+    state.edited = draft.carry()
     return Outcome(out, state, report, None, sources)
 
 

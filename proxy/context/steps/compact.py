@@ -123,7 +123,8 @@ class Compaction:
         if decision is AS_SENT:
             return _text(draft.messages[j])
         if decision.kind == COMPACTED:
-            return _text(self.emit(draft, j, decision))
+            emitted = draft.emitted(j)  # its compaction as rendered (kept from last turn while that holds)
+            return _text(emitted) if emitted is not None else None
         return None
 
     def _compact(self, draft: Draft, i: int, places: Places) -> Decision | None:

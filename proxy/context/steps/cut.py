@@ -3,7 +3,6 @@ and tail."""
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -11,12 +10,11 @@ from typing import Any
 from proxy.context.draft import Draft
 from proxy.context.fitting import cut_oversized, never_cut, oversized_limit
 from proxy.context.journal import AS_SENT, CUT, Decision, TurnReport
-from proxy.context.messages import Message, newest
+from proxy.context.messages import Message, content_bytes, newest
 from proxy.context.steps.base import Epoch
 from proxy.context.tokens import Counter
 
 ENTRY_BYTES = 300  # an entry's key (digest, allowance), its tuple and its place in the ordered dict
-PART_BYTES = 250  # a content part's dict, beside its text
 
 
 class CutCache:
@@ -67,15 +65,6 @@ class CutCache:
     def _evict(self) -> None:
         while self.held > self.max_bytes and self._cuts:
             self.held -= self._cuts.popitem(last=False)[1][1]
-
-
-def content_bytes(content: Any) -> int:
-    """What a content holds in memory: its strings (their own size, as Python keeps them) and a little a part."""
-    if isinstance(content, str):
-        return sys.getsizeof(content)
-    if isinstance(content, list):
-        return sum(PART_BYTES + content_bytes(part.get("text")) for part in content if isinstance(part, dict))
-    return 0
 
 
 class Cutting:
