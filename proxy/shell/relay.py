@@ -68,7 +68,14 @@ class SseUsageFilter:
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to relay now."""
         self.fed += len(chunk)
-        pieces = self.events.feed(chunk)
+        events = self.events
+        if events.takes_whole(chunk):  # the usual read, whole events: what SseEvents.feed would make one piece
+            if self.watch is not None:
+                self.watch.see_whole(chunk)
+            if self.reads_usage and _USAGE_OBJECT.search(chunk):
+                return self._read_events(chunk)
+            return chunk
+        pieces = events.feed(chunk)
         if len(pieces) == 1:
             return self._relayed(pieces[0])
         return b"".join([self._relayed(piece) for piece in pieces])
@@ -98,14 +105,25 @@ class SseUsageFilter:
         return usages[-1] if usages else None
 
     def _read_events(self, data: bytes) -> bytes:
-        """Whole events: each one holding a usage object is read (and dropped if usage-only and stripping)."""
-        kept, start, keep_from = [], 0, 0
+        """Whole events: each one holding a usage object is read (and dropped if usage-only and stripping).
+
+        The events are split as before; only those a usage object starts in are read, and none past the last.
+        """
+        usages = [match.start() for match in _USAGE_OBJECT.finditer(data)]
+        if not usages:
+            return data
+        kept, start, keep_from, next_usage = [], 0, 0, 0
         for match in EVENT_END.finditer(data):
-            event = data[start : match.end()]
-            if self._read(event) and self.strip:
-                kept.append(data[keep_from:start])
-                keep_from = match.end()
-            start = match.end()
+            end = match.end()
+            if usages[next_usage] < end:  # this event holds the next usage object (and maybe more)
+                while next_usage < len(usages) and usages[next_usage] < end:
+                    next_usage += 1
+                if self._read(data[start:end]) and self.strip:
+                    kept.append(data[keep_from:start])
+                    keep_from = end
+                if next_usage == len(usages):
+                    break
+            start = end
         if not keep_from:
             return data
         kept.append(data[keep_from:])
@@ -254,8 +272,8 @@ async def _copy(
     prefix: bytes,
 ) -> None:
     """The upstream's body to the client as it arrives, through `sse` or kept aside in `captured` (its head)."""
-    chunks = upstream.content.iter_any()
-    first = prefix or await anext(chunks, b"")
+    content = upstream.content  # readany() until b"": what iter_any() yields, without an iterator per read
+    first = prefix or await content.readany()
     if not first and sse is not None and sse.watch is not None:
         sse.watch.cut("eof", 0)
         raise UpstreamError("The upstream ended its stream before sending anything.", code="upstream_incomplete")
@@ -270,7 +288,7 @@ async def _copy(
             captured += pending
         if out:
             await response.write(out)
-        pending = await anext(chunks, b"")
+        pending = await content.readany()
     if sse is not None and (rest := sse.finish()):
         await response.write(rest)
 

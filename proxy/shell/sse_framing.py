@@ -48,6 +48,10 @@ class SseEvents:
         """Bytes of an unfinished event kept back right now (never more than the bound)."""
         return len(self._held)
 
+    def takes_whole(self, chunk: bytes) -> bool:
+        """`chunk` is whole events, and nothing is held or being relayed unread: `feed` would return it as one piece."""
+        return not self._held and not self.unread and chunk.endswith(EVENT_ENDINGS)
+
     def feed(self, chunk: bytes) -> list[Piece]:
         """What `chunk` completes, in order; an unfinished event stays held."""
         pieces: list[Piece] = []

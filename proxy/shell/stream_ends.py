@@ -52,22 +52,21 @@ _SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
 class StreamApi:
     """One API's stream: its end markers, and its error event (message, code, last sequence number).
 
-    Each marker starts with a literal: the literal is found with a plain search and the marker
-    tried there only (searching every event with a regex alternation costs 20 times more).
+    Each marker starts with a literal: the marker is searched for only where the literal is in the
+    bytes (a plain search), and then as one pattern that starts with it, which the regex engine scans
+    for by that literal (searching every event with one alternation of the markers costs 20 times more;
+    finding each literal and matching there, 1.7 times more).
     """
 
     name: str
     markers: tuple[tuple[bytes, re.Pattern[bytes]], ...]  # (literal, the marker: that literal, then more)
     error_event: Callable[[str, str, int | None], bytes]
 
-    def ends_in(self, data: bytes) -> bool:
+    def ends_in(self, data: bytes | bytearray) -> bool:
         """Whether `data` holds one of this API's end markers."""
-        for literal, marker in self.markers:
-            at = data.find(literal)
-            while at >= 0:
-                if marker.match(data, at):
-                    return True
-                at = data.find(literal, at + 1)
+        for literal, marker in self.markers:  # noqa: SIM110 (any() of a generator: a frame more, on every read)
+            if literal in data and marker.search(data) is not None:
+                return True
         return False
 
 
@@ -143,18 +142,25 @@ class EndWatch:
 
     def see(self, piece: Piece) -> None:
         """Relayed bytes, in order. A marker counts once its event is whole: a client acts on whole events only."""
+        if piece.whole:
+            self.see_whole(piece.data)
+            return
         if self.api is RESPONSES:
             self._note_sequence(piece.data)
         if self.ended:
-            return
-        if piece.whole:
-            self.ended = self.api.ends_in(piece.data)
             return
         found = self.api.ends_in(self._carry + piece.data[:_CARRY]) or self.api.ends_in(piece.data)
         self._in_long_event = self._in_long_event or found
         self._carry = (self._carry + piece.data[-_CARRY:])[-_CARRY:]
         if piece.complete:
             self.ended, self._in_long_event, self._carry = self._in_long_event, False, b""
+
+    def see_whole(self, data: bytes) -> None:
+        """Whole events relayed (the usual read): `see` for them, without a `Piece`."""
+        if self.api is RESPONSES:
+            self._note_sequence(data)
+        if not self.ended:
+            self.ended = self.api.ends_in(data)
 
     def cut(self, cause: str, relayed: int) -> bytes:
         """Count and log a cut stream once (never its content); the error event to send the client."""
