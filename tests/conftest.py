@@ -53,6 +53,7 @@ class RecordingTurn:
     headers: dict[str, str]
     strip_usage_chunk: bool = False
     unchanged: bool = False  # the shell re-serialises `body`, so a test sees what the service returned
+    data: bytes | None = None
     commits: bool = False
     usages: list[dict] = field(default_factory=list)
     refits: list[int] = field(default_factory=list)

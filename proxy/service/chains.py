@@ -99,6 +99,7 @@ class UneditedTurn:
     headers: dict[str, str] = field(default_factory=dict)
     strip_usage_chunk: bool = False
     unchanged: bool = True
+    data: bytes | None = None
     journal_before: Any = None
     stored_journal: Any = None  # None: the session's count of turns not written yet
     usage_stored: bool = False

@@ -27,8 +27,9 @@ from proxy.service import turn_metrics
 from proxy.service.body_memos import BodyMemos, Parsed
 from proxy.service.chains import ResponseChains, UneditedTurn
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold, noted_tools_tokens
-from proxy.service.memory_shares import cut_budget, memo_budget
+from proxy.service.memory_shares import cut_budget, memo_budget, sent_budget
 from proxy.service.scheduling import EnginePool, SessionGates
+from proxy.service.sent_bodies import SentBodies
 from proxy.service.session_ends import SessionEnds
 from proxy.state import SessionStore, conversations, store_from_config
 from proxy.state.memory import HELD as MEMORY_HELD
@@ -88,7 +89,9 @@ class EngineService:
         self.calibration = Calibration()
         self.cuts = CutCache(cut_budget(holder.settings.state))
         self.bodies = BodyMemos(memo_budget(holder.settings.state))
-        store.also_held = lambda: self.bodies.held + self.cuts.held  # they count against the sessions' `memory_mb`
+        self.sent = SentBodies(sent_budget(holder.settings.state))  # the last body each session sent, as bytes
+        # They count against the sessions' `memory_mb`.
+        store.also_held = lambda: self.bodies.held + self.cuts.held + self.sent.held
         self.chains = ResponseChains(store)  # which session a `previous_response_id` continues
         self.pool = EnginePool()
         self.gates = SessionGates()
@@ -278,6 +281,7 @@ class EngineService:
                 store=self.store,
                 calibration=self.calibration,
                 serialised=serialised,
+                sent=self.sent,
             )
             turn.stats.api = dialect.name
             turn.chain = functools.partial(self.chains.remember, request.client, key=session.id)
@@ -285,7 +289,9 @@ class EngineService:
             session.add_turn(turn.stats, retry=retry)
             turn.apply(outcome, correction)
         self.cuts.fit(cut_budget(settings.state))  # follows a config reload
+        self.sent.fit(sent_budget(settings.state))
         MEMORY_HELD.set(self.cuts.held, part="cut_contents")
+        MEMORY_HELD.set(self.sent.held, part="sent_bodies")
         if not retry:
             turn_metrics.count_turn(policy.name, outcome.report)
         return turn

@@ -21,10 +21,11 @@ from proxy.context.pipeline import Outcome, process, tools_tokens
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import CutCache
 from proxy.context.survival import NO_HISTORY, Lifetimes
-from proxy.dialects import Conversation, Dialect, Usage
+from proxy.dialects import CHAT, Conversation, Dialect, Usage
 from proxy.dialects.base import writes_at
 from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS
+from proxy.service.sent_bodies import SentBodies
 from proxy.state import SessionStore
 from proxy.state.sessions import Session, TurnStats, savings, visible_id
 from proxy.tokens.counter import TokenCounter
@@ -130,6 +131,7 @@ class EngineTurn:
         store: SessionStore,
         calibration: Calibration,
         serialised: Callable[[Callable[[], Any]], Awaitable[Any]] = _inline,
+        sent: SentBodies | None = None,
     ) -> None:
         # Runs engine work for this session: after the session's earlier turns, off the loop if it is big.
         self._serialised = serialised
@@ -139,7 +141,9 @@ class EngineTurn:
         self.inputs = inputs
         self.client_body = body
         self.journal_before = journal
+        self.sent = sent  # the session's last body as sent, for serialising this one (chat)
         self.body: dict = {}
+        self.data: bytes | None = None  # `body`'s bytes, when made here (None: the shell serialises it)
         self.headers: dict[str, str] = {}
         self.strip_usage_chunk = False
         self.unchanged = False
@@ -192,6 +196,10 @@ class EngineTurn:
         body = self.dialect.with_cache_breakpoints(body, self.inputs.cache_breakpoints)
         self.body, self.strip_usage_chunk = self.dialect.with_usage_requested(body)
         self.unchanged = self.unchanged and self.body is self.client_body
+        self.data = None
+        if not self.unchanged and self.sent is not None and self.dialect is CHAT:
+            key, flags = self.session.id, (self.inputs.cache_key, self.inputs.cache_breakpoints)
+            self.data = self.sent.serialise(key, self.client_body, self.body, outcome.sources, flags)
         model = self.inputs.model
         self.headers = {**outcome.report.headers(), "X-Context-Window": str(model.context_window)}
         self.stats.report = outcome.report

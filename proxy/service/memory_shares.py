@@ -10,6 +10,8 @@ MEMO_SHARE = 4
 # The cut contents at most a sixteenth (32 MB of 512): a cut is at most `max_message_share` of a window (~200 KB
 # of text at 200k), so some 160 of the largest, or thousands of the usual ones.
 CUT_SHARE = 16
+# The last bodies sent upstream at most an eighth (64 MB of 512): one per recent session, about three times its bytes.
+SENT_SHARE = 8
 
 
 def memo_budget(state: StateConfig) -> int:
@@ -20,3 +22,9 @@ def memo_budget(state: StateConfig) -> int:
 def cut_budget(state: StateConfig) -> int:
     """The cut contents' bytes (`proxy.context.steps.CutCache`): their share of `memory_mb`."""
     return state.memory_bytes // CUT_SHARE
+
+
+def sent_budget(state: StateConfig) -> int:
+    """The sent bodies' bytes (`proxy.service.sent_bodies`): their share of `memory_mb`, none without body memos
+    (a body parsed whole never has the very objects of the last one)."""
+    return min(memo_budget(state), state.memory_bytes // SENT_SHARE)

@@ -19,6 +19,7 @@ class PreparedTurn(Protocol):
     headers: dict[str, str]  # X-Context-* headers for the client's response
     strip_usage_chunk: bool  # we asked upstream for include_usage; drop that chunk before the client
     unchanged: bool  # `body` is exactly the client's body: its own bytes are forwarded, not re-serialised
+    data: bytes | None  # `body`'s bytes when the service made them (from the last body's); None: serialise `body`
 
     @property
     def commits(self) -> bool: ...  # `commit` writes somewhere (a shared session store); False: it is not called
@@ -61,6 +62,7 @@ class PassthroughTurn:
     strip_usage_chunk: bool = False
     payloads: Sequence[Mapping[str, Any]] = ()
     unchanged: bool = True
+    data: bytes | None = None
     commits: bool = False
 
     def record_usage(self, payloads: Sequence[Mapping[str, Any]]) -> None:

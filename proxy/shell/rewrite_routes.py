@@ -87,7 +87,9 @@ async def _send(
     body, retried = turn.body, False
     while True:
         try:
-            data = raw if not retried and turn.unchanged else orjson.dumps(body)
+            # The client's own bytes, those the service made (a warm turn's: the last body's and its new), or ours.
+            made = None if retried else raw if turn.unchanged else turn.data
+            data = made or orjson.dumps(body)
         except orjson.JSONEncodeError as exc:  # orjson reads deeper nesting than it writes
             raise InvalidRequest(f"The request body cannot be forwarded: {exc}.", None, "invalid_body") from exc
         response = await upstream.send(
