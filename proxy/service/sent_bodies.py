@@ -26,6 +26,7 @@ import orjson
 _MARKER = "\x00context-proxy-messages-" + secrets.token_hex(16)  # random per process: no body holds it
 _MARKER_JSON = orjson.dumps(_MARKER)
 _WRAP_HEAD, _WRAP_TAIL = b'{"m":[', b"]}"  # new messages serialised at their depth in a body: {"m": [...]}
+_OPEN_BRACKET = ord("[")
 HELD_PER_BYTE = 3  # the bytes kept, and the parsed messages and sent ones they keep alive (about twice the JSON)
 
 
@@ -36,13 +37,22 @@ class _Sent:
     messages: list[dict[str, Any]]  # the client's messages
     out: list[dict[str, Any]]  # what went upstream for them
     sources: list[int]  # the client message each one renders (-1: the engine's)
-    head: bytes  # the body's bytes before its messages array
-    inner: bytes  # the array's bytes between its brackets
-    tail: bytes  # and after it
+    data: bytes  # the body's bytes
+    tail: int  # how many of them follow its messages array's `]`
 
     @property
     def cost(self) -> int:
-        return HELD_PER_BYTE * (len(self.head) + len(self.inner) + len(self.tail))
+        return HELD_PER_BYTE * len(self.data)
+
+    def appended(self, new: list[dict[str, Any]]) -> bytes:
+        """These bytes with `new` messages at the end of the messages array (one copy of them)."""
+        if not new:
+            return self.data
+        added = orjson.dumps({"m": new})[len(_WRAP_HEAD) : -len(_WRAP_TAIL)]
+        close = len(self.data) - self.tail - 1
+        whole = memoryview(self.data)
+        comma = b"," if self.data[close - 1] != _OPEN_BRACKET else b""
+        return b"".join((whole[:close], comma, added, whole[close:]))
 
 
 def _fields(client_body: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -89,20 +99,13 @@ class SentBodies:
         fields = _fields(client_body)
         try:
             if last is not None and self._extends(last, fields, flags, messages, out, sources):
-                new = out[len(last.out) :]
-                inner = last.inner
-                if new:
-                    added = orjson.dumps({"m": new})[len(_WRAP_HEAD) : -len(_WRAP_TAIL)]
-                    inner = inner + b"," + added if inner else added
-                head, tail = last.head, last.tail
-                data = b"".join((head, b"[", inner, b"]", tail))
+                data, tail = last.appended(out[len(last.out) :]), last.tail
             else:
                 data = orjson.dumps(body)
-                head, _, tail = orjson.dumps({**body, "messages": _MARKER}).partition(_MARKER_JSON)
-                inner = data[len(head) + 1 : len(data) - len(tail) - 1]
+                tail = len(orjson.dumps({**body, "messages": _MARKER}).partition(_MARKER_JSON)[2])
         except orjson.JSONEncodeError:
             return None
-        self._keep(key, _Sent(fields, flags, messages, out, sources, head, inner, tail))
+        self._keep(key, _Sent(fields, flags, messages, out, sources, data, tail))
         return data
 
     @staticmethod
