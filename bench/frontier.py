@@ -68,6 +68,7 @@ SETTINGS = (
     Setting("keep_tokens=500", clear={"keep_tokens": 500}),
     Setting("keep_tokens=8000", clear={"keep_tokens": 8000}),
     Setting("in-use off", clear={"in_use_turns": 0}),
+    Setting("in_use_turns=4", clear={"in_use_turns": 4}),
     Setting("stubs (stub_tokens=600)", clear={"stub_tokens": 600}),
     Setting("clearing off", clear={"enabled": False}),
     Setting("clear all but last", peer="all_but_last"),
