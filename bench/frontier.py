@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.hindsight import cheapest_epochs
 from bench.quality import RESULTS, Score, Setting, _never_edited, _Tokens, measure, named_sets, score
 from bench.stats import table
 from proxy.context import pipeline
@@ -209,19 +210,7 @@ def schedule(n: Needs, counter: Counter, d: float) -> list[int]:
         shared = prefix(old)[first]
         return d * shared + (prefix(new)[reqs[t]] - shared)
 
-    best: dict[int, tuple[float, list[int]]] = {}
-    for s in range(len(reqs) - 1, -2, -1):
-        state = plans[s] if s >= 0 else frozenset()
-        run_, choice = 0.0, (sum(plain(state, u) for u in range(s + 1, len(reqs))), [])
-        for t in range(s + 1, len(reqs)):
-            grown = state | plans[t]
-            if grown != state and t in best:
-                total = run_ + epoch(state, grown, t) + best[t][0]
-                if total < choice[0]:
-                    choice = (total, [t, *best[t][1]])
-            run_ += plain(state, t)
-        best[s] = choice
-    return best[-1][1]
+    return cheapest_epochs(plans, plain, epoch)[1]
 
 
 class _Oracle(Clearing):

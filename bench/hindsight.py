@@ -18,6 +18,7 @@ by block (a message is a block): the prefix shared with the request before at d,
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,31 @@ def best_epoch(name: str | Path, counter: Counter) -> dict[str, Any]:
     return row
 
 
+State = frozenset[int]
+
+
+def cheapest_epochs(
+    plans: list[State], plain: Callable[[State, int], float], epoch: Callable[[State, State, int], float]
+) -> tuple[float, list[int]]:
+    """The least bill of a run's turns and the turns of its epochs, in hindsight: an epoch at turn t clears
+    `plans[t]` on top of what earlier ones cleared; `plain(state, u)` bills turn u appended under `state`,
+    `epoch(old, new, t)` bills turn t as the first under `new`. Dynamic programming over the last epoch's turn."""
+    n = len(plans)
+    best: dict[int, tuple[float, list[int]]] = {}
+    for s in range(n - 1, -2, -1):
+        state = plans[s] if s >= 0 else frozenset()
+        run, choice = 0.0, (sum(plain(state, u) for u in range(s + 1, n)), [])
+        for t in range(s + 1, n):
+            grown = state | plans[t]
+            if grown != state and t in best:
+                total = run + epoch(state, grown, t) + best[t][0]
+                if total < choice[0]:
+                    choice = (total, [t, *best[t][1]])
+            run += plain(state, t)
+        best[s] = choice
+    return best[-1]
+
+
 def best_schedule(name: str | Path, counter: Counter, d: float, w: float) -> dict[str, Any]:
     """The cheapest schedule of clearing epochs in hindsight, and the direct bill, for one trace."""
     trace = load_trace(name)
@@ -88,19 +114,7 @@ def best_schedule(name: str | Path, counter: Counter, d: float, w: float) -> dic
     # best[s]: the least bill of turns s+1.. given an epoch at turn s, after which plans[s] is cleared
     # (a later plan holds an earlier one: the keep boundary only moves forward; `growing` counts the exceptions).
     growing = sum(not a <= b for a, b in itertools.pairwise(plans) if a and b)
-    best: dict[int, tuple[float, list[int]]] = {}
-    for s in range(n - 1, -2, -1):
-        state = plans[s] if s >= 0 else frozenset()
-        run, choice = 0.0, (sum(plain(state, u) for u in range(s + 1, n)), [])
-        for t in range(s + 1, n):
-            grown = state | plans[t]
-            if grown != state and t in best:
-                total = run + epoch(state, grown, t) + best[t][0]
-                if total < choice[0]:
-                    choice = (total, [t, *best[t][1]])
-            run += plain(state, t)
-        best[s] = choice
-    bill, epochs = best[-1]
+    bill, epochs = cheapest_epochs(plans, plain, epoch)
     return {"trace": trace.name.split(".")[0], "direct": direct, "bill": bill, "epochs": epochs, "not_nested": growing}
 
 
