@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -95,7 +97,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--passthrough", action="store_true", help="proxy: no context engine")
     parser.add_argument("--profile", metavar="FILE", help="relay, proxy: sample CPU between SIGUSR1 and SIGUSR2")
     ns = parser.parse_args(argv)
-    asyncio.run(_main(ns))
+    with asyncio.Runner(loop_factory=_loop_factory(ns.kind)) as runner:
+        runner.run(_main(ns))
+
+
+def _loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """asyncio's loop, as `context-proxy serve` runs; BENCH_PROXY_LOOP=uvloop / BENCH_RELAY_LOOP=uvloop in the
+    environment run the proxy / the relay on uvloop's instead (issue 30's measurement; the simulator never)."""
+    choice = os.environ.get({"proxy": "BENCH_PROXY_LOOP", "relay": "BENCH_RELAY_LOOP"}.get(kind, ""), "asyncio")
+    if choice == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None
 
 
 if __name__ == "__main__":
