@@ -157,9 +157,21 @@ class Counter(_Metric):
         self._values: dict[LabelKey, float] = {} if self.label_names else {(): 0}  # unlabelled: 0 from the start
 
     def inc(self, amount: float = 1, **labels: str) -> None:
-        key = self._key(labels)
+        self._add(self._key(labels), amount)
+
+    def labels(self, **labels: str) -> Series:
+        """One label combination, its key looked up once: for a series changed on every request."""
+        return Series(self, self._key(labels))
+
+    def _add(self, key: LabelKey, amount: float) -> None:
         with self._lock:
             value = self._values[key] = self._values.get(key, 0) + amount
+            if self.shared is not None:
+                self.shared.write(self.name, 0, key, value)
+
+    def _put(self, key: LabelKey, value: float) -> None:
+        with self._lock:
+            self._values[key] = value
             if self.shared is not None:
                 self.shared.write(self.name, 0, key, value)
 
@@ -180,6 +192,22 @@ class Counter(_Metric):
                     self.shared.write(self.name, 0, key, value)
 
 
+class Series:
+    """One label combination of a counter or gauge (`Counter.labels`): `inc` and `set` skip the label lookup."""
+
+    __slots__ = ("_key", "_metric")
+
+    def __init__(self, metric: Counter, key: LabelKey) -> None:
+        self._metric = metric
+        self._key = key
+
+    def inc(self, amount: float = 1) -> None:
+        self._metric._add(self._key, amount)
+
+    def set(self, value: float) -> None:
+        self._metric._put(self._key, value)
+
+
 class Gauge(Counter):
     """A value that goes up and down: what is open now (in-flight streams; `live`), or a running total."""
 
@@ -193,11 +221,7 @@ class Gauge(Counter):
         self.inc(-amount, **labels)
 
     def set(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = value
-            if self.shared is not None:
-                self.shared.write(self.name, 0, key, value)
+        self._put(self._key(labels), value)
 
 
 class Histogram(_Metric):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.shell.sse_framing import SseEvents
+from proxy.shell.sse_framing import EVENT_END, SseEvents, event_around
 from proxy.shell.stream_ends import CHAT, MESSAGES, RESPONSES, EndWatch, StreamApi, api_for_path
 from tests.conftest import RECORDED_STREAMS
 from tests.streams import STREAMS, end_index, split_events
@@ -54,6 +54,19 @@ def test_the_end_of_an_event_past_the_bound_is_found_when_a_read_splits_it(separ
         pieces = events.feed(head + separator[:split]) + events.feed(separator[split:] + b"data: next" + separator)
         assert [p.whole for p in pieces] == [False, False, True]
         assert pieces[1].complete and pieces[2].data == b"data: next" + separator
+
+
+@pytest.mark.parametrize("separator", [b"\n\n", b"\r\n\r\n", b"\r\r"])
+def test_the_event_around_a_byte_is_the_one_a_walk_over_every_event_finds(separator: bytes) -> None:
+    data = RECORDING.replace(b"\n\n", separator)
+    bounds, start = [], 0
+    for match in EVENT_END.finditer(data):
+        bounds.append((start, match.end()))
+        start = match.end()
+    assert len(bounds) > 10
+    for first, end in bounds:
+        for at in (first, (first + end) // 2, end - len(separator) - 1):
+            assert event_around(data, at) == (first, end)
 
 
 def watch_over(api: StreamApi, events: list[bytes], size: int = 1 << 20) -> EndWatch:

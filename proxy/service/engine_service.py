@@ -52,6 +52,10 @@ T = TypeVar("T")
 # about as costly per entry as parsing this many bytes of body.
 JOURNAL_ENTRY_COST = 64
 
+# The memory gauge's series this service sets on every turn, each looked up once.
+_HELD_MEMOS = MEMORY_HELD.labels(part="body_memos")
+_HELD_CUTS = MEMORY_HELD.labels(part="cut_contents")
+_HELD_SENT = MEMORY_HELD.labels(part="sent_bodies")
 MAX_FALLBACK_WARNINGS = 256  # model names come from clients: warned about once each, up to this many
 
 
@@ -137,7 +141,7 @@ class EngineService:
         self.bodies.budget = memo_budget(self.holder.settings.state)  # follows a config reload
         scope = f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
         parsed = self.bodies.parse(raw, scope)
-        MEMORY_HELD.set(self.bodies.held, part="body_memos")
+        _HELD_MEMOS.set(self.bodies.held)
         if parsed.reused:
             turn_metrics.MESSAGES_REUSED.inc(parsed.reused)
         return parsed
@@ -290,8 +294,8 @@ class EngineService:
             turn.apply(outcome, correction)
         self.cuts.fit(cut_budget(settings.state))  # follows a config reload
         self.sent.fit(sent_budget(settings.state))
-        MEMORY_HELD.set(self.cuts.held, part="cut_contents")
-        MEMORY_HELD.set(self.sent.held, part="sent_bodies")
+        _HELD_CUTS.set(self.cuts.held)
+        _HELD_SENT.set(self.sent.held)
         if not retry:
             turn_metrics.count_turn(policy.name, outcome.report)
         return turn

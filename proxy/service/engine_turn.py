@@ -24,7 +24,7 @@ from proxy.context.survival import NO_HISTORY, Lifetimes
 from proxy.dialects import CHAT, Conversation, Dialect, Usage
 from proxy.dialects.base import writes_at
 from proxy.errors import ContextOverflow
-from proxy.metrics import METRICS
+from proxy.metrics import METRICS, Series
 from proxy.service.sent_bodies import SentBodies
 from proxy.state import SessionStore
 from proxy.state.sessions import Session, TurnStats, savings, visible_id
@@ -41,6 +41,18 @@ COST = METRICS.counter("context_proxy_estimated_cost_usd_total", "Input cost, pr
 SAVED = METRICS.gauge(
     "context_proxy_estimated_saved_usd", "Direct minus proxied input cost (negative when worse)", _POLICY, live=False
 )
+
+
+@functools.lru_cache(maxsize=64)
+def _usage_series(policy: str) -> tuple[Series, ...]:
+    """The five series a turn's usage adds to, per policy (looked up once, not per request)."""
+    return (
+        PROMPT_TOKENS.labels(policy=policy),
+        CACHED_TOKENS.labels(policy=policy),
+        COST.labels(policy=policy, route="proxied"),
+        COST.labels(policy=policy, route="direct"),
+        SAVED.labels(policy=policy),
+    )
 
 
 @dataclass(frozen=True)
@@ -223,12 +235,12 @@ class EngineTurn:
         stats.cost_usd = usage.cost_usd(model)
         stats.direct_cost_usd = direct.cost_usd(model)  # priced as the proxied one is: cache writes too
         self.session.count_usage(stats)
-        policy = self.session.policy
-        PROMPT_TOKENS.inc(usage.prompt, policy=policy)
-        CACHED_TOKENS.inc(usage.cached, policy=policy)
-        COST.inc(stats.cost_usd, policy=policy, route="proxied")
-        COST.inc(stats.direct_cost_usd, policy=policy, route="direct")
-        SAVED.inc(stats.direct_cost_usd - stats.cost_usd, policy=policy)
+        prompt, cached, proxied, direct_cost, saved = _usage_series(self.session.policy)
+        prompt.inc(usage.prompt)
+        cached.inc(usage.cached)
+        proxied.inc(stats.cost_usd)
+        direct_cost.inc(stats.direct_cost_usd)
+        saved.inc(stats.direct_cost_usd - stats.cost_usd)
         self.store.save(self.session)
         if log.isEnabledFor(logging.INFO):
             self._log_turn(self.outcome.report)

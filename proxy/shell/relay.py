@@ -21,7 +21,7 @@ from aiohttp import web
 from proxy.errors import UpstreamError
 from proxy.metrics import METRICS
 from proxy.service.seam import PreparedTurn
-from proxy.shell.sse_framing import EVENT_END, MAX_EVENT_BYTES, Piece, SseEvents, event_data
+from proxy.shell.sse_framing import MAX_EVENT_BYTES, Piece, SseEvents, event_around, event_data
 from proxy.shell.stream_ends import STREAM_APIS, EndWatch
 from proxy.shell.upstream import end_to_end
 
@@ -107,23 +107,17 @@ class SseUsageFilter:
     def _read_events(self, data: bytes) -> bytes:
         """Whole events: each one holding a usage object is read (and dropped if usage-only and stripping).
 
-        The events are split as before; only those a usage object starts in are read, and none past the last.
+        Only the events a usage object stands in are found (`event_around`), not every event of the read:
+        a proxy reading a whole stream at once would otherwise walk hundreds of events for the one or two.
         """
-        usages = [match.start() for match in _USAGE_OBJECT.finditer(data)]
-        if not usages:
-            return data
-        kept, start, keep_from, next_usage = [], 0, 0, 0
-        for match in EVENT_END.finditer(data):
-            end = match.end()
-            if usages[next_usage] < end:  # this event holds the next usage object (and maybe more)
-                while next_usage < len(usages) and usages[next_usage] < end:
-                    next_usage += 1
-                if self._read(data[start:end]) and self.strip:
-                    kept.append(data[keep_from:start])
-                    keep_from = end
-                if next_usage == len(usages):
-                    break
-            start = end
+        kept, keep_from = [], 0
+        match = _USAGE_OBJECT.search(data)
+        while match is not None:
+            start, end = event_around(data, match.start())
+            if self._read(data[start:end]) and self.strip:
+                kept.append(data[keep_from:start])
+                keep_from = end
+            match = _USAGE_OBJECT.search(data, end)
         if not keep_from:
             return data
         kept.append(data[keep_from:])

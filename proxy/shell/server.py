@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -44,6 +45,8 @@ log = logging.getLogger("proxy.server")
 
 RELOAD_INTERVAL_S = 1.0
 REQUESTS = METRICS.counter("context_proxy_requests_total", "Requests by route and status", ["route", "status"])
+# Each request's series, looked up once per route and status (both few: route labels, HTTP statuses).
+_requests = functools.lru_cache(maxsize=512)(lambda route, status: REQUESTS.labels(route=route, status=status))
 
 
 def _upstream_tail(request: web.Request) -> str | None:
@@ -167,7 +170,7 @@ async def _observed(request: web.Request, handler: Handler) -> web.StreamRespons
         status = "500"
         raise
     finally:
-        REQUESTS.inc(route=label, status=status)
+        _requests(label, status).inc()
 
 
 def _error_shape(request: web.Request) -> ErrorShape | None:

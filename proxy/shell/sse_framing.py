@@ -117,6 +117,17 @@ def _last_event_end(data: bytes | bytearray, start: int = 0) -> int:
     return end
 
 
+def event_around(data: bytes, at: int) -> tuple[int, int]:
+    """The bounds of the event of `data` (whole events) that byte `at` stands in: plain searches, no walk."""
+    start = 0
+    for separator in EVENT_ENDINGS:
+        before = data.rfind(separator, 0, at)
+        if before >= 0:
+            start = max(start, before + len(separator))
+    ends = [(found, found + len(sep)) for sep in EVENT_ENDINGS if (found := data.find(sep, at)) >= 0]
+    return start, (min(ends)[1] if ends else len(data))
+
+
 def event_data(event: bytes) -> bytes:
     """The `data:` lines of one event, joined as the SSE spec joins them."""
     return b"\n".join(line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:"))

@@ -26,6 +26,7 @@ log = logging.getLogger("proxy.state")
 
 MB = 1024 * 1024
 HELD = METRICS.gauge("context_proxy_memory_bytes", "Bytes held in memory (estimated), by what holds them", ("part",))
+_HELD_SESSIONS = HELD.labels(part="sessions")  # set on every save
 BUDGET = METRICS.gauge(
     "context_proxy_memory_budget_bytes", "[state] memory_mb: what sessions, body memos and cut contents may hold"
 )
@@ -213,7 +214,7 @@ class SessionStore:
         self._publish()
 
     def _publish(self) -> None:
-        HELD.set(self.held, part="sessions")
+        _HELD_SESSIONS.set(self.held)
 
     def _expire(self, now: float) -> None:
         """Forget sessions idle longer than the TTL (the caller holds the lock)."""
