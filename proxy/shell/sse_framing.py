@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 EVENT_ENDINGS = (b"\r\n\r\n", b"\n\n", b"\r\r")  # what EVENT_END finds, at a chunk's end
+_LINE_FEEDS = (b"\n\n",)  # the one event end possible in bytes without a carriage return
 _OVERLAP = 3  # an event end is at most 4 bytes: this many of them may sit before a read's first byte
 
 # An event up to this size is held whole (and may be parsed); a longer one is relayed as it comes.
@@ -118,13 +119,18 @@ def _last_event_end(data: bytes | bytearray, start: int = 0) -> int:
 
 
 def event_around(data: bytes, at: int) -> tuple[int, int]:
-    """The bounds of the event of `data` (whole events) that byte `at` stands in: plain searches, no walk."""
+    """The bounds of the event of `data` (whole events) that byte `at` stands in: plain searches, no walk.
+
+    A separator absent from `data` would be searched for over all of it, back to its start, for every event
+    asked about: without a carriage return in `data` (every stream seen) only the blank line is looked for.
+    """
+    separators = EVENT_ENDINGS if b"\r" in data else _LINE_FEEDS
     start = 0
-    for separator in EVENT_ENDINGS:
+    for separator in separators:
         before = data.rfind(separator, 0, at)
         if before >= 0:
             start = max(start, before + len(separator))
-    ends = [(found, found + len(sep)) for sep in EVENT_ENDINGS if (found := data.find(sep, at)) >= 0]
+    ends = [(found, found + len(sep)) for sep in separators if (found := data.find(sep, at)) >= 0]
     return start, (min(ends)[1] if ends else len(data))
 
 
