@@ -11,24 +11,32 @@ from collections.abc import Sequence
 from proxy.context.draft import Draft
 from proxy.context.journal import CLEARED, CUT, DROPPED, Decision
 from proxy.context.messages import Message
-from proxy.context.recall import call_keys, never_edited
+from proxy.context.reach import MAX_SESSION_EVIDENCE, reach_of
+from proxy.context.recall import call_keys, message_tokens, never_edited
 
 REMOVING = frozenset({CLEARED, CUT, DROPPED})
 
 
 def observe_newest(draft: Draft, out: list[Message]) -> tuple[int, int]:
-    """Tokens the newest assistant message (new this turn) used from removed content only, and its re-runs.
+    """Tokens the newest assistant message (new this turn) used from removed content only, and its re-runs;
+    and how far back it reached for what it used (`reach.reach_of`, added up in the session's `RecallIndex`).
 
     `out` is this turn's render before any edit: up to that message, what the agent was sent last turn.
     """
-    recall, messages = draft.journal.recall, draft.messages
+    recall, messages, journal = draft.journal.recall, draft.messages, draft.journal
+    new = range(len(messages) - 1, draft.first_new - 1, -1)
+    i = next((i for i in new if messages[i].get("role") == "assistant"), -1)
+    if i < 0:
+        return 0, 0
+    tokens = message_tokens(messages[i])
+    if recall.evidence < MAX_SESSION_EVIDENCE:
+        evidence, older = reach_of(messages, i, [k for k in range(i) if journal.outputs[k]], tokens)
+        recall.evidence += evidence
+        recall.older += older
     if not (recall.removed or recall.cleared_calls):
         return 0, 0
-    for i in range(len(messages) - 1, draft.first_new - 1, -1):
-        if messages[i].get("role") == "assistant":
-            seen = out[: draft.where[i]] if draft.where[i] >= 0 else out
-            return recall.observe(messages[i], seen)
-    return 0, 0
+    seen = out[: draft.where[i]] if draft.where[i] >= 0 else out
+    return recall.observe(messages[i], seen, tokens)
 
 
 def index_removed(draft: Draft, before: Sequence[Decision]) -> None:

@@ -183,13 +183,19 @@ class RecallIndex:
     misses: int = 0
     reruns: int = 0
     heat: float = 0.0
+    # What the agent's messages used from tool outputs (`reach.reach_of`): evidence tokens, and those only outputs
+    # older than the newest held. A finished session's sums join its agent's history (`reach.Reach`).
+    evidence: int = 0
+    older: int = 0
 
     def approx_bytes(self) -> int:
         """What the index holds in memory, roughly (a set entry and its int: measured ~65 bytes)."""
         return HASH_BYTES * (len(self.removed) + len(self.cleared_calls))
 
     def copy(self) -> RecallIndex:
-        return RecallIndex(set(self.removed), set(self.cleared_calls), self.misses, self.reruns, self.heat)
+        return RecallIndex(
+            set(self.removed), set(self.cleared_calls), self.misses, self.reruns, self.heat, self.evidence, self.older
+        )
 
     def forget(self, messages: Sequence[Message], calls: Iterable[str], kept: frozenset[str]) -> None:
         """Index what an epoch removed: the messages' tokens not in `kept` (what is never edited), their calls."""
@@ -197,15 +203,18 @@ class RecallIndex:
             self.removed.update(_hash(t) for t in message_tokens(message) - kept)
         self.cleared_calls.update(_hash(key) for key in calls)
 
-    def observe(self, newest: Message, seen: Sequence[Message]) -> tuple[int, int]:
+    def observe(
+        self, newest: Message, seen: Sequence[Message], tokens: frozenset[str] | None = None
+    ) -> tuple[int, int]:
         """The newest assistant message's tokens used from removed content only, and its re-runs of cleared calls.
 
-        `seen` is what the agent was sent before it wrote `newest`. An indexed token is looked for there only
-        when it is used, and dropped from the index once found (a newer output holds it again).
+        `seen` is what the agent was sent before it wrote `newest`; `tokens` its `message_tokens`, when the caller
+        has them. An indexed token is looked for there only when it is used, and dropped from the index once
+        found (a newer output holds it again).
         """
         missed = 0
         if self.removed:
-            for token in message_tokens(newest):
+            for token in message_tokens(newest) if tokens is None else tokens:
                 h = _hash(token)
                 if h not in self.removed:
                     continue
@@ -232,6 +241,8 @@ class RecallIndex:
             "misses": self.misses,
             "reruns": self.reruns,
             "heat": self.heat,
+            "evidence": self.evidence,
+            "older": self.older,
         }
 
     @classmethod
@@ -242,4 +253,6 @@ class RecallIndex:
             int(data.get("misses", 0)),
             int(data.get("reruns", 0)),
             float(data.get("heat", 0.0)),
+            int(data.get("evidence", 0)),
+            int(data.get("older", 0)),
         )
