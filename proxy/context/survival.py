@@ -13,6 +13,8 @@ from collections import Counter as Tally
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from proxy.context.reach import NO_REACH, Reach
+
 # Fewer finished sessions than this and the history says nothing: the engine keeps its rule without history.
 MIN_FINISHED = 5
 # A session longer than all but this many of its agent's sessions (finished or running) is past what the
@@ -32,14 +34,16 @@ class Lifetimes:
     ahead: tuple[float | None, ...] = ()
     # assured[n]: turns after request n that all but `RISK` of the sessions reaching it outlasted (0: none known).
     assured: tuple[int, ...] = ()
+    # How far back the agent's finished sessions reached for what they used (`reach.Reach`).
+    reach: Reach = NO_REACH
 
     @classmethod
-    def of(cls, finished: Iterable[int], running: Iterable[int] = ()) -> Lifetimes:
+    def of(cls, finished: Iterable[int], running: Iterable[int] = (), reach: Reach = NO_REACH) -> Lifetimes:
         """The estimate from finished sessions' lengths and running sessions' lengths so far (censored)."""
         ends = [n for n in finished if n > 0]
         alive = [n for n in running if n > 0]
         if len(ends) < MIN_FINISHED:
-            return cls(finished=len(ends))
+            return cls(finished=len(ends), reach=reach)
         longest = max(ends + alive)
         deaths = Tally(ends)
         # at_risk[t]: sessions that reached request t (length >= t), finished or running.
@@ -68,7 +72,7 @@ class Lifetimes:
             while n + k < longest and survive[n + k] >= (1 - RISK) * survive[n - 1]:
                 k += 1
             assured[n] = k
-        return cls(finished=len(ends), ahead=tuple(ahead), assured=tuple(assured))
+        return cls(finished=len(ends), ahead=tuple(ahead), assured=tuple(assured), reach=reach)
 
     def turns_to_come(self, request: int) -> float | None:
         """Expected turns after request `request` (1 = the session's first) of a session that reached it;

@@ -41,15 +41,18 @@ class SessionEnds:
         """The agent's estimate (as of the last sweep; from the stored history alone before one)."""
         known = self._estimates.get(agent)
         if known is None:
-            lengths = self.store.history.lengths(agent)
-            known = Lifetimes.of(lengths) if lengths else NO_HISTORY
+            history = self.store.history
+            lengths = history.lengths(agent)
+            known = Lifetimes.of(lengths, reach=history.reach(agent)) if lengths else NO_HISTORY
             if len(self._estimates) < 4 * self.store.history.max_agents:
                 self._estimates[agent] = known
         return known
 
     def describe(self, report: dict[str, Any]) -> dict[str, Any]:
-        """A `/sessions/{id}` body with the turns its agent's history predicts to come, and how many finished
-        sessions that rests on (`turns_to_come` None: no history says)."""
+        """A `/sessions/{id}` body with the turns its agent's history predicts to come, how many finished
+        sessions that rests on (`turns_to_come` None: no history says), and how far back they reached (the
+        share of what they used that only older outputs held) and whether clearing trusts the agent to work
+        from the newest output (`reach.Reach`)."""
         agent, turns = report.get("agent") or "", int(report.get("turns") or 0)
         estimate = self.lifetimes(agent) if agent else NO_HISTORY
         ahead = estimate.turns_to_come(turns) if turns else None
@@ -57,6 +60,7 @@ class SessionEnds:
             **report,
             "turns_to_come": None if ahead is None else round(ahead, 2),
             "history_sessions": estimate.finished,
+            **estimate.reach.summary(),
         }
 
     def poke(self) -> None:
@@ -102,11 +106,16 @@ class SessionEnds:
                 running[session.agent].append(session.turn_count)
                 continue
             length = session.turn_count
-            if await self.store.history.finish(session.agent, session.id, length, session.last_seen):
+            recall = getattr(session.journal, "recall", None)  # what the agent's messages used, how far back
+            reach = (recall.evidence, recall.older) if recall is not None else (0, 0)
+            if await self.store.history.finish(session.agent, session.id, length, session.last_seen, reach):
                 finished += 1
             session.finished_at = length  # counted, or another instance has it running: not counted here again
         history = self.store.history
         agents = set(running) | {agent for agent in self._estimates if history.lengths(agent)}
         await history.refresh(agents)
-        self._estimates = {agent: Lifetimes.of(history.lengths(agent), running.get(agent, ())) for agent in agents}
+        self._estimates = {
+            agent: Lifetimes.of(history.lengths(agent), running.get(agent, ()), history.reach(agent))
+            for agent in agents
+        }
         return finished
