@@ -1,6 +1,6 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|request-profile|stall|stall-items|ab`
 `|smoke|quality|hindsight|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude|fleet`
-`|frontier`
+`|frontier|reach`
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -116,7 +116,8 @@ def _fleet(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import fleet
 
     measured = tuple(ns.set) if ns.set else ("tuned", "held-out")
-    return asyncio.run(fleet.run_fleet(measured=measured, api=ns.api, behind=ns.behind)), fleet.render
+    discount = 0.1 if ns.discount is None else ns.discount
+    return asyncio.run(fleet.run_fleet(discount, measured=measured, api=ns.api, behind=ns.behind)), fleet.render
 
 
 def _hindsight(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -149,6 +150,12 @@ def _frontier(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
 
     sets = quality.named_sets(ns.set or None)
     return frontier.run_frontier(sets=sets, only=ns.setting or None), frontier.render
+
+
+def _reach(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import quality, reach
+
+    return reach.run_reach(sets=quality.named_sets(ns.set) if ns.set else None), reach.render
 
 
 def _compaction(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -201,6 +208,7 @@ COMMANDS: dict[str, Runner] = {
     "state": _state,
     "compaction": _compaction,
     "frontier": _frontier,
+    "reach": _reach,
 }
 
 
@@ -230,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set",
         action="append",
-        help="quality, hindsight, frontier: only this set (repeatable), e.g. 'others A'; fleet: tuned, held-out",
+        help="quality, hindsight, frontier, reach: only this set (repeatable), e.g. 'others A'; fleet: tuned, "
+        "held-out, others-tuned, others-held-out (the history pass then serves others A too)",
     )
+    parser.add_argument("--discount", type=float, help="fleet: d, the cached price ÷ the input price (0.1)")
     parser.add_argument(
         "--behind",
         type=float,

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
 from bench import anthropic
-from bench.quality import held_out
+from bench.quality import held_out, score
 from bench.savings import Replay, _session_prefix, _settings, replay
 from bench.stats import table
 from proxy.config.loader import ConfigHolder, load_settings
@@ -36,11 +37,21 @@ from tests.context.replay import TRACE_NAMES
 
 MODEL = "gpt-4o"  # 128k
 END_IDLE_S = 0.001
+RECORDED = 1000  # requests the simulator keeps: every turn of the longest run, for `bench quality`'s score
 
 
-def _sets() -> dict[str, list[str | Path]]:
+def _sets(measured: tuple[str, ...] = ()) -> dict[str, list[str | Path]]:
+    """The history pass and the measured sets. Measuring the other agents' runs, the history pass serves
+    `others_a` too (tuned): `others-tuned` serves it again, `others-held-out` serves `others_b`."""
     history: list[str | Path] = [*TRACE_NAMES, *held_out("sample_a")]
-    return {"history": history, "tuned": history, "held-out": list(held_out("sample_b"))}
+    others = any(name.startswith("others") for name in measured)
+    return {
+        "history": [*history, *held_out("others_a")] if others else history,
+        "tuned": history,
+        "held-out": list(held_out("sample_b")),
+        "others-tuned": list(held_out("others_a")),
+        "others-held-out": list(held_out("others_b")),
+    }
 
 
 async def run_fleet(
@@ -51,9 +62,9 @@ async def run_fleet(
 ) -> dict[str, Any]:
     """`behind` is `[policy] bet_overrun` for this run (the survival bet's cap, `economics.BEHIND` by default):
     the sweep that shows what the cap costs and what lifting it risks."""
-    sets = _sets()
+    sets = _sets(measured)
     sim_runner, sim_url = await start_simulator(
-        SimulatorConfig(models={MODEL: 128000, "claude-": 200000}, record_limit=4)
+        SimulatorConfig(models={MODEL: 128000, "claude-": 200000}, record_limit=RECORDED)
     )
     sim, sim_base = sim_runner.app[SIMULATOR], sim_url.removesuffix("/v1")
     if api == "messages":
@@ -86,7 +97,8 @@ async def run_fleet(
                         direct = await replay(client, sim_url, trace, MODEL, None)
                         sim.reset()
                         proxied = await replay(client, session + "/v1", trace, MODEL, None)
-                        rows.append(_row(trace.name, direct, proxied, discount))
+                        sent = [orjson.loads(r.raw)["messages"] for r in sim.requests]
+                        rows.append(_row(trace, direct, proxied, discount, sent))
                     time.sleep(2 * END_IDLE_S)
                     await context.ends.sweep()  # what the sweep's timer does once the run has been idle that long
                 result["sets"][set_name] = rows
@@ -97,13 +109,17 @@ async def run_fleet(
     return result
 
 
-def _row(name: str, direct: Replay, proxied: Replay, d: float) -> dict[str, Any]:
+def _row(trace: Trace, direct: Replay, proxied: Replay, d: float, sent: list[list[dict]]) -> dict[str, Any]:
+    """One run's bills, and what the requests that went upstream lost the agent (`bench quality`'s score)."""
+    scored = score(trace, sent, 128000) if len(sent) == len(direct.turns) else None
     return {
-        "trace": name.split(".")[0],
+        "trace": trace.name.split(".")[0],
         "turns": len(direct.turns),
         "epochs": sum(t.epoch for t in proxied.turns),
         "direct": direct.billed(d),
         "proxy": proxied.billed(d),
+        "evidence": scored.evidence if scored else 0,
+        "lost": scored.lost if scored else 0,
     }
 
 
@@ -134,10 +150,18 @@ def render(result: dict[str, Any]) -> str:
     for set_name, rows in result["sets"].items():
         direct, proxy = sum(r["direct"] for r in rows), sum(r["proxy"] for r in rows)
         worst = max(rows, key=lambda r: r["proxy"] / max(1.0, r["direct"]))
+        evidence, lost = sum(r.get("evidence", 0) for r in rows), sum(r.get("lost", 0) for r in rows)
         summary.append(
-            [set_name, len(rows), proxy / max(1.0, direct), worst["trace"], worst["proxy"] / max(1.0, worst["direct"])]
+            [
+                set_name,
+                len(rows),
+                proxy / max(1.0, direct),
+                worst["trace"],
+                worst["proxy"] / max(1.0, worst["direct"]),
+                f"{lost / evidence:.3f}" if evidence else "-",
+            ]
         )
-    lines.append(table(["set", "runs", "proxy/direct", "worst run", "its proxy/direct"], summary))
+    lines.append(table(["set", "runs", "proxy/direct", "worst run", "its proxy/direct", "lost (128k)"], summary))
     for set_name, rows in result["sets"].items():
         lines.append(f"\n{set_name}")
         body = [

@@ -23,6 +23,7 @@ from proxy.context.clearing import PLACEHOLDER
 from proxy.context.messages import content_text, is_tool_output
 from proxy.context.patterns import compile_patterns
 from proxy.context.recall import message_tokens, specific_tokens
+from proxy.context.survival import NO_HISTORY, Lifetimes
 from proxy.context.tokens import Counter
 from proxy.demo.traces import Trace, load_trace
 from tests.context.replay import TRACE_NAMES, model, policy_for, run
@@ -219,12 +220,14 @@ def _send(setting: Setting, trace: Trace, window: int, counter: Counter) -> Send
     }[setting.peer]
 
 
-def measure(setting: Setting, trace: Trace, window: int, d: float, counter: Counter) -> dict[str, Any]:
-    """One setting on one trace at one window and discount: its score and bills."""
+def measure(
+    setting: Setting, trace: Trace, window: int, d: float, counter: Counter, lifetimes: Lifetimes = NO_HISTORY
+) -> dict[str, Any]:
+    """One setting on one trace at one window and discount (`lifetimes`: its agent's history): score and bills."""
     base = policy_for(trace)
     policy = replace(base, **setting.policy, clear_tool_outputs=replace(base.clear_tool_outputs, **setting.clear))
     info = model(window, d)
-    r = run(trace, policy, info, counter, send=_send(setting, trace, window, counter))
+    r = run(trace, policy, info, counter, send=_send(setting, trace, window, counter), lifetimes=lifetimes)
     counts = [sum(counter.count_message(m) for m in request) for request in r.requests]
     usable = window - policy.reserve_output_tokens
     return {"score": score(trace, r.requests, usable, counts), "billed": r.proxied.billed, "direct": r.direct.billed}

@@ -93,8 +93,10 @@ def _settings(sim_url: str, d: float) -> Settings:
 
 
 def _session_prefix(trace: Trace) -> str:
-    """Text-mode traces run as the shipped `proxy/data/config/sessions/swe-agent-text.toml` session, as a user would."""
-    return "swe-agent-text-bench-" if "(text mode" in trace.source else "bench-"
+    """Text-mode traces (no tool messages: SWE-agent's text mode, its CTF runs) run as the shipped
+    `proxy/data/config/sessions/swe-agent-text.toml` session, as a user would (`tests.context.replay.policy_for`)."""
+    text = trace.messages and not any(m.get("role") == "tool" for m in trace.messages)
+    return "swe-agent-text-bench-" if text else "bench-"
 
 
 async def run_savings(traces: list[str] | None = None, limit: int | None = None, plot: bool = True) -> dict[str, Any]:

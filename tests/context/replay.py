@@ -18,6 +18,7 @@ from proxy.context.economics import Bill, Block, bill
 from proxy.context.journal import Journal
 from proxy.context.pipeline import Outcome, process
 from proxy.context.policy import ClearPolicy, ModelInfo, Policy
+from proxy.context.survival import NO_HISTORY, Lifetimes
 from proxy.context.tokens import REPLY_PRIMING, Counter
 from proxy.demo.traces import Trace, load_trace, requests
 from tests.pairing import check_pairing
@@ -97,10 +98,12 @@ def run(
     info: ModelInfo,
     counter: Counter,
     send: Callable[[list[dict]], list[dict]] | None = None,
+    lifetimes: Lifetimes = NO_HISTORY,
 ) -> Run:
     """Replay every turn as the agent sent it; bill direct and proxied requests under `info`'s discount.
 
     `send`, when given, stands in for the proxy (another tool's policy, replayed the same way): no outcomes.
+    `lifetimes`: the agent's history, as the service hands it to the engine (none: the rule without history).
     """
     tools = trace.tools
     result = Run()
@@ -111,7 +114,9 @@ def run(
         if send is not None:
             result.requests.append(send(request))
         else:
-            outcome = process(journal, request, tools=tools, policy=policy, model=info, counter=counter)
+            outcome = process(
+                journal, request, tools=tools, policy=policy, model=info, counter=counter, lifetimes=lifetimes
+            )
             result.outcomes.append(outcome)
             journal = outcome.journal
             result.requests.append(outcome.messages)
