@@ -29,7 +29,8 @@ MIN_SESSIONS = 3
 MIN_EVIDENCE = 30
 # An agent whose finished sessions reached back for at most this share of their evidence is trusted to work from
 # the newest output: clearing the rest loses it about this share. Half issue 27's budget (0.04), as the history is
-# an estimate: mini-swe-agent's is 0.076 over 13 runs, but 0.035 after its first four (`python -m bench reach`).
+# an estimate: mini-swe-agent's is 0.088 over its 13 tuned runs but 0.048 after its first four (0.035 before the
+# 400-token cap per session, when 0.04 trusted 3 sample A runs in `bench reach`'s history pass: lost 0.044).
 TRUST_SHARE = 0.02
 
 
