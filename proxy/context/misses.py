@@ -28,9 +28,12 @@ def observe_newest(draft: Draft, out: list[Message]) -> tuple[int, int]:
     i = next((i for i in new if messages[i].get("role") == "assistant"), -1)
     if i < 0:
         return 0, 0
+    reads_reach = recall.evidence < MAX_SESSION_EVIDENCE
+    if not (reads_reach or recall.removed or recall.cleared_calls):
+        return 0, 0
     tokens = message_tokens(messages[i])
-    if recall.evidence < MAX_SESSION_EVIDENCE:
-        evidence, older = reach_of(messages, i, [k for k in range(i) if journal.outputs[k]], tokens)
+    if reads_reach:
+        evidence, older = reach_of(messages, i, journal.outputs, tokens)
         recall.evidence += evidence
         recall.older += older
     if not (recall.removed or recall.cleared_calls):

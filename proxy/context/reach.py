@@ -12,25 +12,27 @@ bias it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.context.messages import INSTRUCTION_ROLES, Message, content_text
-from proxy.context.recall import call_arguments
 
 # At most this many of a message's tokens are looked for (the longest first: the most specific): a message that
 # writes a file's worth of new code costs a bounded search.
 MAX_TOKENS = 24
+# The messages before the agent's that are read for it (about 20 of its calls and their outputs).
+WINDOW = 40
 # A session's count stops at this much evidence: enough to say how far it reaches, no one long session outweighs the
-# agent's others, and its later turns pay no search (~130 us a turn on the sampled runs, growing with the session).
+# agent's others, and its later turns pay no search (~70 us a turn on the sampled runs; the agent's message is
+# tokenized for it too until the session's first edit, when the recall-miss check needs it anyway).
 MAX_SESSION_EVIDENCE = 400
 # The history trusts an agent only past this much: finished sessions, and evidence tokens over them.
 MIN_SESSIONS = 3
 MIN_EVIDENCE = 30
 # An agent whose finished sessions reached back for at most this share of their evidence is trusted to work from
 # the newest output: clearing the rest loses it about this share. Half issue 27's budget (0.04), as the history is
-# an estimate: mini-swe-agent's is 0.088 over its 13 tuned runs but 0.048 after its first four (0.035 before the
-# 400-token cap per session, when 0.04 trusted 3 sample A runs in `bench reach`'s history pass: lost 0.044).
+# an estimate: mini-swe-agent's is 0.085 over its 13 tuned runs but 0.041 after its first four (0.035 read without
+# the cap and the window, when 0.04 trusted 3 sample A runs in `bench reach`'s history pass: lost 0.044).
 TRUST_SHARE = 0.02
 
 
@@ -69,24 +71,25 @@ class Reach:
 NO_REACH = Reach()
 
 
-def reach_of(messages: Sequence[Message], a: int, outputs: Sequence[int], tokens: frozenset[str]) -> tuple[int, int]:
-    """The agent's message `messages[a]` (its specific `tokens`), read against the client's messages before it
-    (`outputs`: the indices of their tool outputs): its evidence tokens, and how many of them only outputs
-    older than the newest one held."""
-    outputs = [i for i in outputs if i < a]
+def reach_of(messages: Sequence[Message], a: int, is_output: Sequence[bool], tokens: frozenset[str]) -> tuple[int, int]:
+    """The agent's message `messages[a]` (its specific `tokens`), read against the `WINDOW` messages before it
+    (`is_output[i]`: message i is a tool output) and what is never edited (the first system message and the
+    task): its evidence tokens, and how many of them only outputs older than the newest one held.
+
+    Outputs further back are not read (a turn's work stays bounded, whatever the session's length): what only
+    they held counts as neither, and a message the agent wrote further back does not make a token safe."""
+    start = max(0, a - WINDOW)
+    outputs = [i for i in range(start, a) if is_output[i]]
     wanted = sorted(tokens, key=lambda t: (-len(t), t))[:MAX_TOKENS]
     if not outputs or not wanted:
         return 0, 0
-    instructions = [i for i in range(a) if messages[i].get("role") in INSTRUCTION_ROLES]
-    task = next((i for i in range(a) if messages[i].get("role") == "user"), None)
-    fixed = [_text(messages[i]) for i in (*instructions, *(() if task is None else (task,)))]
+    fixed = "\n".join(_text(messages[i]) for i in _never_edited(messages, a))
     newest = content_text(messages[outputs[-1]]) or ""
-    skip = {*outputs, *instructions, task}
-    others = _Texts(messages, [i for i in range(a - 1, -1, -1) if i not in skip])  # read newest first, as needed
     earlier: str | None = None  # the older outputs' texts, joined once a token needs them (one search each)
+    others: str | None = None  # the other messages' (the agent's, the user's), likewise
     evidence = older = 0
     for token in wanted:
-        if any(_holds(text, token) for text in fixed):
+        if _holds(fixed, token):
             continue
         if _holds(newest, token):
             evidence += 1
@@ -96,29 +99,42 @@ def reach_of(messages: Sequence[Message], a: int, outputs: Sequence[int], tokens
         if not _holds(earlier, token):
             continue
         evidence += 1
-        older += not any(_holds(text, token) for text in others)
+        if others is None:
+            kept = set(outputs)
+            others = "\n".join(_text(messages[i]) for i in range(start, a) if i not in kept)
+        older += not _holds(others, token)
     return evidence, older
 
 
-class _Texts:
-    """The texts of `messages[i]` for each of `order`, each made once, when first iterated to (an output's content,
-    a message's content and call arguments)."""
-
-    def __init__(self, messages: Sequence[Message], order: list[int]) -> None:
-        self.messages, self.order = messages, order
-        self.made: list[str] = []
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self.made
-        for i in self.order[len(self.made) :]:
-            self.made.append(_text(self.messages[i]))
-            yield self.made[-1]
+def _never_edited(messages: Sequence[Message], a: int) -> list[int]:
+    """The first system (or developer) message and the first user message before `a`: the instructions and the
+    task, which no edit removes (`recall.never_edited` reads every system message; the first is the one that
+    holds the agent's instructions)."""
+    found: list[int] = []
+    roles: set[str] = set()
+    for i in range(a):
+        role = messages[i].get("role")
+        kind = "system" if role in INSTRUCTION_ROLES else role
+        if kind in ("system", "user") and kind not in roles:
+            roles.add(kind)
+            found.append(i)
+            if len(roles) == 2:
+                break
+    return found
 
 
 def _text(message: Message) -> str:
-    parts = [content_text(message) or ""]
-    if message.get("role") == "assistant":
-        parts += call_arguments(message)
+    """The message's text and, for an assistant, its calls' arguments as sent (JSON text, not parsed: a name in
+    them stands there as a word all the same, unless an escape runs into it)."""
+    text = content_text(message) or ""
+    calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+    if not calls:
+        return text
+    parts = [text]
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            parts.append(str(function.get("arguments") or ""))
     return "\n".join(parts)
 
 

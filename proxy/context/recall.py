@@ -58,7 +58,7 @@ def _specific(word: str) -> bool:
 def specific_tokens(text: str) -> frozenset[str]:
     """The distinct specific tokens of `text`: whole paths and dotted names, and their specific parts."""
     found: set[str] = set()
-    for chunk in _CHUNK.findall(text):
+    for chunk in set(_CHUNK.findall(text)):  # each distinct chunk once: what it adds depends on it alone
         chunk = chunk.strip("./-")
         if _specific(chunk):
             found.add(chunk)

@@ -22,7 +22,8 @@ def conversation(answer: str) -> list[dict[str, Any]]:
 
 def reach(answer: str) -> tuple[int, int]:
     messages = conversation(answer)
-    return reach_of(messages, len(messages) - 1, [3, 5], message_tokens(messages[-1]))
+    outputs = [m["role"] == "tool" for m in messages]
+    return reach_of(messages, len(messages) - 1, outputs, message_tokens(messages[-1]))
 
 
 def test_a_name_from_the_newest_output_is_evidence_that_did_not_reach_back() -> None:
