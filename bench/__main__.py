@@ -1,6 +1,6 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|request-profile|stall|stall-items|ab`
 `|smoke|quality|hindsight|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude|fleet`
-`|frontier|reach`
+`|frontier|reach|agent-turns`
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -182,8 +182,15 @@ def _state(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return state.run_state(turns=ns.n or None), state.render
 
 
+def _agent_turns(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import agent_turns
+
+    return agent_turns.run_agent_turns(copies=ns.n or 6), agent_turns.render
+
+
 COMMANDS: dict[str, Runner] = {
     "overhead": _overhead,
+    "agent-turns": _agent_turns,
     "scaling": _scaling,
     "memory": _memory,
     "savings": _savings,

@@ -255,8 +255,10 @@ async def test_cut_contents_stay_within_their_share_of_memory_mb_and_a_dropped_c
             cuts = metrics['context_proxy_memory_bytes{part="cut_contents"}']
             held = metrics['context_proxy_memory_bytes{part="sessions"}']
             memos = metrics['context_proxy_memory_bytes{part="body_memos"}']
+            tokens = metrics['context_proxy_memory_bytes{part="token_sets"}']
             assert 0 < cuts <= MB / 16, cuts  # twelve cuts of ~10 KB: the newest kept, the oldest dropped
-            assert held + memos + cuts <= MB
+            assert tokens <= MB / 32, tokens  # the specific tokens of long texts kept (proxy.context.recall)
+            assert held + memos + cuts + tokens <= MB
             await _turn(http, rig, "c0", _cut_conversation("c0", 1))  # its cut was dropped: made again
         first, second = (orjson.loads(body)["messages"][3]["content"] for body in upstream.sent("c0"))
         assert "line 0: c0" in first and "line 3999: c0" in first and len(first) < 40_000  # head and tail kept

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +59,10 @@ def _specific(word: str) -> bool:
 
 def specific_tokens(text: str) -> frozenset[str]:
     """The distinct specific tokens of `text`: whole paths and dotted names, and their specific parts."""
+    return TOKEN_SETS.of(text)
+
+
+def _specific_tokens(text: str) -> frozenset[str]:
     found: set[str] = set()
     for chunk in set(_CHUNK.findall(text)):  # each distinct chunk once: what it adds depends on it alone
         chunk = chunk.strip("./-")
@@ -68,6 +74,59 @@ def specific_tokens(text: str) -> frozenset[str]:
         elif chunk[:1].isdigit() and (digits := _LEADING_DIGITS.match(chunk)) and _specific(digits[0]):
             found.add(digits[0])  # sed's `430p`, `42nd`
     return frozenset(found)
+
+
+# Texts shorter than this are tokenized again each time they are asked about (cheaper than keeping them).
+MEMO_MIN_CHARS = 256
+TOKEN_BYTES = 72  # one specific token in a kept set (its str and the set's slot), roughly
+MEMO_ENTRY_BYTES = 200  # one kept text's entry beside its characters and tokens
+
+
+class TokenSets:
+    """`specific_tokens` of the long texts asked about lately, by text. Every turn reads a session's outputs again
+    (which ones the agent is quoting, what an epoch removes, how far it reaches), and an output's text never
+    changes; a warm body's repeated messages are the very objects of the last one (`proxy.service.body_memos`), so
+    finding a text here costs its cached hash. Bounded in bytes (`fit`, a share of `[state] memory_mb`), the least
+    recently used dropped first; `held` is what it holds now (each text counted whole, though the body memos
+    usually hold the same string). Shared by every engine in the process; safe between threads."""
+
+    def __init__(self, max_bytes: int = 16 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0
+        self._sets: OrderedDict[str, tuple[frozenset[str], int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def of(self, text: str) -> frozenset[str]:
+        if len(text) < MEMO_MIN_CHARS:
+            return _specific_tokens(text)
+        with self._lock:
+            found = self._sets.get(text)
+            if found is not None:
+                self._sets.move_to_end(text)
+                return found[0]
+        tokens = _specific_tokens(text)
+        size = MEMO_ENTRY_BYTES + len(text) + TOKEN_BYTES * len(tokens)
+        with self._lock:
+            if text not in self._sets and size <= self.max_bytes:
+                self._sets[text] = (tokens, size)
+                self.held += size
+                self._evict()
+        return tokens
+
+    def fit(self, max_bytes: int) -> None:
+        """Hold at most `max_bytes` from now on (a config reload's budget), the least recently used dropped."""
+        if max_bytes == self.max_bytes:  # every turn asks; the budget changes only with the config
+            return
+        with self._lock:
+            self.max_bytes = max_bytes
+            self._evict()
+
+    def _evict(self) -> None:
+        while self.held > self.max_bytes and self._sets:
+            self.held -= self._sets.popitem(last=False)[1][1]
+
+
+TOKEN_SETS = TokenSets()
 
 
 def _strings(value: Any) -> Iterable[str]:
@@ -214,11 +273,14 @@ class RecallIndex:
         """
         missed = 0
         if self.removed:
+            texts: list[tuple[str, str]] | None = None  # each seen message's text and call arguments, made once
             for token in message_tokens(newest) if tokens is None else tokens:
                 h = _hash(token)
                 if h not in self.removed:
                     continue
-                if any(token in (content_text(m) or "") or token in " ".join(call_arguments(m)) for m in seen):
+                if texts is None:
+                    texts = [(content_text(m) or "", " ".join(call_arguments(m))) for m in seen]
+                if any(token in text or token in arguments for text, arguments in texts):
                     self.removed.discard(h)
                 else:
                     missed += 1

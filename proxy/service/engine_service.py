@@ -20,6 +20,7 @@ from proxy.config.settings import CapsuleSpec, Settings
 from proxy.context.calibration import Calibration
 from proxy.context.capsules import Capsule
 from proxy.context.policy import ModelInfo, Policy
+from proxy.context.recall import TOKEN_SETS
 from proxy.context.steps import CutCache
 from proxy.dialects import CHAT, Conversation, Dialect
 from proxy.errors import ContextOverflow
@@ -27,7 +28,7 @@ from proxy.service import turn_metrics
 from proxy.service.body_memos import BodyMemos, Parsed
 from proxy.service.chains import ResponseChains, UneditedTurn
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold, noted_tools_tokens
-from proxy.service.memory_shares import cut_budget, memo_budget, sent_budget
+from proxy.service.memory_shares import cut_budget, memo_budget, sent_budget, token_budget
 from proxy.service.scheduling import EnginePool, SessionGates
 from proxy.service.sent_bodies import SentBodies
 from proxy.service.session_ends import SessionEnds
@@ -56,6 +57,7 @@ JOURNAL_ENTRY_COST = 64
 _HELD_MEMOS = MEMORY_HELD.labels(part="body_memos")
 _HELD_CUTS = MEMORY_HELD.labels(part="cut_contents")
 _HELD_SENT = MEMORY_HELD.labels(part="sent_bodies")
+_HELD_TOKENS = MEMORY_HELD.labels(part="token_sets")
 MAX_FALLBACK_WARNINGS = 256  # model names come from clients: warned about once each, up to this many
 
 
@@ -95,7 +97,8 @@ class EngineService:
         self.bodies = BodyMemos(memo_budget(holder.settings.state))
         self.sent = SentBodies(sent_budget(holder.settings.state))  # the last body each session sent, as bytes
         # They count against the sessions' `memory_mb`.
-        store.also_held = lambda: self.bodies.held + self.cuts.held + self.sent.held
+        TOKEN_SETS.fit(token_budget(holder.settings.state))
+        store.also_held = lambda: self.bodies.held + self.cuts.held + self.sent.held + TOKEN_SETS.held
         self.chains = ResponseChains(store)  # which session a `previous_response_id` continues
         self.pool = EnginePool()
         self.gates = SessionGates()
@@ -294,8 +297,10 @@ class EngineService:
             turn.apply(outcome, correction)
         self.cuts.fit(cut_budget(settings.state))  # follows a config reload
         self.sent.fit(sent_budget(settings.state))
+        TOKEN_SETS.fit(token_budget(settings.state))
         _HELD_CUTS.set(self.cuts.held)
         _HELD_SENT.set(self.sent.held)
+        _HELD_TOKENS.set(TOKEN_SETS.held)
         if not retry:
             turn_metrics.count_turn(policy.name, outcome.report)
         return turn

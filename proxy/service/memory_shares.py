@@ -12,6 +12,9 @@ MEMO_SHARE = 4
 CUT_SHARE = 16
 # The last bodies sent upstream at most an eighth (64 MB of 512): one per recent session, about three times its bytes.
 SENT_SHARE = 8
+# The specific tokens of long texts (`proxy.context.recall.TokenSets`) at most a thirty-second (16 MB of 512): a
+# 100k-token session's outputs take ~1 MB there.
+TOKEN_SHARE = 32
 
 
 def memo_budget(state: StateConfig) -> int:
@@ -28,3 +31,8 @@ def sent_budget(state: StateConfig) -> int:
     """The sent bodies' bytes (`proxy.service.sent_bodies`): their share of `memory_mb`, none without body memos
     (a body parsed whole never has the very objects of the last one)."""
     return min(memo_budget(state), state.memory_bytes // SENT_SHARE)
+
+
+def token_budget(state: StateConfig) -> int:
+    """The kept specific tokens' bytes (`proxy.context.recall.TOKEN_SETS`): their share of `memory_mb`."""
+    return state.memory_bytes // TOKEN_SHARE

@@ -50,3 +50,25 @@ def test_a_quoted_token_counts_for_the_newest_output_that_holds_it():
         {"role": "assistant", "content": "HTTPAdapter subclasses BaseAdapter."},
     ]
     assert outputs_in_use(messages, [2, 4], recent=6) == {4}
+
+
+def test_kept_token_sets_are_the_tokens_themselves_and_stay_within_their_bytes() -> None:
+    """`TokenSets` keeps the specific tokens of long texts so a warm turn does not tokenize a session's outputs
+    again: what it gives back is what tokenizing gives, it holds at most its bytes, and `fit` shrinks it."""
+    from proxy.context.recall import MEMO_MIN_CHARS, TokenSets, _specific_tokens
+
+    sets = TokenSets(max_bytes=64 * 1024)
+    texts = [f"File src/mod_{k}/handler.py, line {k + 10}, in run_{k}\n" * 40 for k in range(200)]
+    assert all(len(text) >= MEMO_MIN_CHARS for text in texts)
+    first = sets.of(texts[0])
+    for text in texts + texts[-5:]:
+        assert sets.of(text) == _specific_tokens(text)
+        assert 0 < sets.held <= sets.max_bytes
+    assert sets.of(texts[-1]) is sets.of(texts[-1])  # kept: the same set, not made again
+    again = sets.of(texts[0])
+    assert again == first and again is not first  # dropped for the newer ones, made again the same
+    sets.fit(8 * 1024)
+    assert 0 < sets.held <= 8 * 1024
+    short = "see foo_bar.py"
+    assert sets.of(short) == _specific_tokens(short)  # short texts are tokenized each time, never kept
+    assert sets.held <= 8 * 1024
