@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from proxy.context.lru import ByteLru
 from proxy.context.messages import Message, content_text
 
 _CHUNK = re.compile(r"[\w./-]+")
@@ -82,7 +81,7 @@ TOKEN_BYTES = 72  # one specific token in a kept set (its str and the set's slot
 MEMO_ENTRY_BYTES = 200  # one kept text's entry beside its characters and tokens
 
 
-class TokenSets:
+class TokenSets(ByteLru[str, frozenset[str]]):
     """`specific_tokens` of the long texts asked about lately, by text. Every turn reads a session's outputs again
     (which ones the agent is quoting, what an epoch removes, how far it reaches), and an output's text never
     changes; a warm body's repeated messages are the very objects of the last one (`proxy.service.body_memos`), so
@@ -91,39 +90,16 @@ class TokenSets:
     usually hold the same string). Shared by every engine in the process; safe between threads."""
 
     def __init__(self, max_bytes: int = 16 * 1024 * 1024) -> None:
-        self.max_bytes = max_bytes
-        self.held = 0
-        self._sets: OrderedDict[str, tuple[frozenset[str], int]] = OrderedDict()
-        self._lock = threading.Lock()
+        super().__init__(max_bytes)
 
     def of(self, text: str) -> frozenset[str]:
         if len(text) < MEMO_MIN_CHARS:
             return _specific_tokens(text)
-        with self._lock:
-            found = self._sets.get(text)
-            if found is not None:
-                self._sets.move_to_end(text)
-                return found[0]
-        tokens = _specific_tokens(text)
-        size = MEMO_ENTRY_BYTES + len(text) + TOKEN_BYTES * len(tokens)
-        with self._lock:
-            if text not in self._sets and size <= self.max_bytes:
-                self._sets[text] = (tokens, size)
-                self.held += size
-                self._evict()
+        tokens = self.get(text)
+        if tokens is None:
+            tokens = _specific_tokens(text)
+            self.put(text, tokens, MEMO_ENTRY_BYTES + len(text) + TOKEN_BYTES * len(tokens))
         return tokens
-
-    def fit(self, max_bytes: int) -> None:
-        """Hold at most `max_bytes` from now on (a config reload's budget), the least recently used dropped."""
-        if max_bytes == self.max_bytes:  # every turn asks; the budget changes only with the config
-            return
-        with self._lock:
-            self.max_bytes = max_bytes
-            self._evict()
-
-    def _evict(self) -> None:
-        while self.held > self.max_bytes and self._sets:
-            self.held -= self._sets.popitem(last=False)[1][1]
 
 
 TOKEN_SETS = TokenSets()

@@ -3,13 +3,12 @@ and tail."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from proxy.context.draft import Draft
 from proxy.context.fitting import cut_oversized, never_cut, oversized_limit
 from proxy.context.journal import AS_SENT, CUT, Decision, TurnReport
+from proxy.context.lru import ByteLru
 from proxy.context.messages import Message, content_bytes, newest
 from proxy.context.steps.base import Epoch
 from proxy.context.tokens import Counter
@@ -17,7 +16,7 @@ from proxy.context.tokens import Counter
 ENTRY_BYTES = 300  # an entry's key (digest, allowance), its tuple and its place in the ordered dict
 
 
-class CutCache:
+class CutCache(ByteLru[tuple[bytes, int], Any]):
     """Cut contents by (message digest, allowance): re-cutting would re-tokenize a huge text every turn.
 
     Bounded in bytes (`max_bytes`, a share of `[state] memory_mb`), the least recently used cut evicted first;
@@ -25,46 +24,17 @@ class CutCache:
     """
 
     def __init__(self, max_bytes: int = 32 * 1024 * 1024) -> None:
-        self.max_bytes = max_bytes
-        self.held = 0
-        self._cuts: OrderedDict[tuple[bytes, int], tuple[Any, int]] = OrderedDict()
-        self._lock = threading.Lock()
+        super().__init__(max_bytes)
 
     def cut(self, message: Message, digest: bytes, max_tokens: int, counter: Counter) -> Message:
         """The head+tail cut of `message` within `max_tokens` (the message itself when it already fits)."""
         key = (digest, max_tokens)
-        with self._lock:
-            found = self._cuts.get(key)
-            if found is not None:
-                self._cuts.move_to_end(key)
-        if found is None:
+        content = self.get(key)
+        if content is None:
             cut = cut_oversized(message, counter, max_tokens)
             content = message.get("content") if cut is None else cut["content"]
-            self._remember(key, content)
-        else:
-            content = found[0]
+            self.put(key, content, ENTRY_BYTES + content_bytes(content))
         return {**message, "content": content}
-
-    def _remember(self, key: tuple[bytes, int], content: Any) -> None:
-        size = ENTRY_BYTES + content_bytes(content)
-        with self._lock:
-            if key in self._cuts or size > self.max_bytes:  # another thread cut it first; or it alone is too big
-                return
-            self._cuts[key] = (content, size)
-            self.held += size
-            self._evict()
-
-    def fit(self, max_bytes: int) -> None:
-        """Hold at most `max_bytes` from now on (a config reload's budget), the least recently used dropped."""
-        if max_bytes == self.max_bytes:  # every turn asks; the budget changes only with the config
-            return
-        with self._lock:
-            self.max_bytes = max_bytes
-            self._evict()
-
-    def _evict(self) -> None:
-        while self.held > self.max_bytes and self._cuts:
-            self.held -= self._cuts.popitem(last=False)[1][1]
 
 
 class Cutting:
