@@ -33,7 +33,6 @@ from proxy.service.scheduling import EnginePool, SessionGates
 from proxy.service.sent_bodies import SentBodies
 from proxy.service.session_ends import SessionEnds
 from proxy.state import SessionStore, conversations, store_from_config
-from proxy.state.memory import HELD as MEMORY_HELD
 from proxy.state.sessions import (
     FINGERPRINT_PREFIX,
     SESSION_HEADER,
@@ -53,11 +52,6 @@ T = TypeVar("T")
 # about as costly per entry as parsing this many bytes of body.
 JOURNAL_ENTRY_COST = 64
 
-# The memory gauge's series this service sets on every turn, each looked up once.
-_HELD_MEMOS = MEMORY_HELD.labels(part="body_memos")
-_HELD_CUTS = MEMORY_HELD.labels(part="cut_contents")
-_HELD_SENT = MEMORY_HELD.labels(part="sent_bodies")
-_HELD_TOKENS = MEMORY_HELD.labels(part="token_sets")
 MAX_FALLBACK_WARNINGS = 256  # model names come from clients: warned about once each, up to this many
 
 
@@ -144,7 +138,7 @@ class EngineService:
         self.bodies.budget = memo_budget(self.holder.settings.state)  # follows a config reload
         scope = f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
         parsed = self.bodies.parse(raw, scope)
-        _HELD_MEMOS.set(self.bodies.held)
+        turn_metrics.HELD_MEMOS.set(self.bodies.held)
         if parsed.reused:
             turn_metrics.MESSAGES_REUSED.inc(parsed.reused)
         return parsed
@@ -298,9 +292,9 @@ class EngineService:
         self.cuts.fit(cut_budget(settings.state))  # follows a config reload
         self.sent.fit(sent_budget(settings.state))
         TOKEN_SETS.fit(token_budget(settings.state))
-        _HELD_CUTS.set(self.cuts.held)
-        _HELD_SENT.set(self.sent.held)
-        _HELD_TOKENS.set(TOKEN_SETS.held)
+        turn_metrics.HELD_CUTS.set(self.cuts.held)
+        turn_metrics.HELD_SENT.set(self.sent.held)
+        turn_metrics.HELD_TOKENS.set(TOKEN_SETS.held)
         if not retry:
             turn_metrics.count_turn(policy.name, outcome.report)
         return turn

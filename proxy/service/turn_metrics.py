@@ -1,4 +1,4 @@
-"""The counters each engine turn adds to `/metrics` (`EngineService` counts them; moved out of it whole)."""
+"""The counters each engine turn adds to `/metrics`, and the memory parts it sets (`EngineService` counts them)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import functools
 
 from proxy.context.journal import TurnReport
 from proxy.metrics import METRICS, Series
+from proxy.state.memory import HELD as MEMORY_HELD
 
 _POLICY = ("policy",)
 
@@ -30,6 +31,12 @@ RERUNS = METRICS.counter(
 MESSAGES_REUSED = METRICS.counter(
     "context_proxy_messages_reused_total", "Messages taken from the session's last body instead of parsed again"
 )
+
+# The memory gauge's parts the engine service sets on every turn, each series looked up once.
+HELD_MEMOS = MEMORY_HELD.labels(part="body_memos")
+HELD_CUTS = MEMORY_HELD.labels(part="cut_contents")
+HELD_SENT = MEMORY_HELD.labels(part="sent_bodies")
+HELD_TOKENS = MEMORY_HELD.labels(part="token_sets")
 
 
 @functools.lru_cache(maxsize=64)
