@@ -1,6 +1,6 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|request-profile|stall|stall-items|ab`
 `|smoke|quality|hindsight|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude|fleet`
-`|frontier|reach|agent-turns`
+`|frontier|reach|agent-turns|decisions`
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -182,6 +182,12 @@ def _state(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return state.run_state(turns=ns.n or None), state.render
 
 
+def _decisions(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import decisions
+
+    return decisions.run_decisions(), decisions.render
+
+
 def _agent_turns(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import agent_turns
 
@@ -216,6 +222,7 @@ COMMANDS: dict[str, Runner] = {
     "compaction": _compaction,
     "frontier": _frontier,
     "reach": _reach,
+    "decisions": _decisions,
 }
 
 
