@@ -249,17 +249,23 @@ class RecallIndex:
         """
         missed = 0
         if self.removed:
-            texts: list[tuple[str, str]] | None = None  # each seen message's text and call arguments, made once
+            # What the seen messages hold, made once and only when a token is looked for: their texts, and (only
+            # for a token no text holds) their calls' arguments, which cost a parse each.
+            texts: list[str] | None = None
+            arguments: list[str] | None = None
             for token in message_tokens(newest) if tokens is None else tokens:
                 h = _hash(token)
                 if h not in self.removed:
                     continue
                 if texts is None:
-                    texts = [(content_text(m) or "", " ".join(call_arguments(m))) for m in seen]
-                if any(token in text or token in arguments for text, arguments in texts):
-                    self.removed.discard(h)
-                else:
-                    missed += 1
+                    texts = [text for m in seen if (text := content_text(m))]
+                if not any(token in text for text in texts):
+                    if arguments is None:
+                        arguments = [" ".join(found) for m in seen if (found := call_arguments(m))]
+                    if not any(token in text for text in arguments):
+                        missed += 1
+                        continue
+                self.removed.discard(h)
         reruns = sum(_hash(key) in self.cleared_calls for key in call_keys(newest)) if self.cleared_calls else 0
         self.misses += missed > 0
         self.heat = self.heat * MISS_FADE + (missed > 0)
