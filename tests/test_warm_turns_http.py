@@ -1,10 +1,11 @@
 """Warm turns through a real server send upstream, byte for byte, what the full pipeline sends for the same turn.
 
 A warm turn takes what it can from the last one (the body memo's parsed prefix, the edited messages' contents
-kept by the journal). Each packaged trace is posted turn by turn to a real proxy in front of the simulator
-(a 32k window: clearing, compaction, dedup and truncation all happen); beside it, in this process, an engine
-service on the same config runs the same turns the long way: every body parsed whole, every edited message
-emitted anew by its step (`_emit_anew`). Each turn the bytes the simulator received must be that engine's body,
+kept by the journal, the index of where earlier outputs' lines stand). Each packaged trace is posted turn by turn
+to a real proxy in front of the simulator (a 32k window: clearing, compaction, dedup and truncation all happen);
+beside it, in this process, an engine service on the same config runs the same turns the long way: every body
+parsed whole, every edited message emitted anew by its step (`_emit_anew`), every earlier output indexed again for
+compacting the newest (`_places_anew`). Each turn the bytes the simulator received must be that engine's body,
 its X-Context-* headers the same, and at the end the session's figures too; the reference learns the usage the
 simulator billed, from the answer the client got.
 """
@@ -21,11 +22,12 @@ import pytest_asyncio
 
 from proxy.config.loader import ConfigHolder, load_settings
 from proxy.context.draft import Draft
+from proxy.context.steps.compact import Compaction
 from proxy.demo.simulator import SIMULATOR, start_simulator
 from proxy.demo.traces import list_traces, load_trace, requests
 from proxy.service.engine_service import EngineService, build_context_service
 from proxy.shell.server import start
-from tests.context.test_edited_contents import _emit_anew
+from tests.context.test_edited_contents import _emit_anew, _places_anew
 from tests.test_traces_http import CONFIG, MODEL
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -49,10 +51,12 @@ async def servers(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tup
 
 
 def _reference_turn(reference: EngineService, raw: bytes, session: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The turn the long way: the body parsed whole, every edited message emitted by its step."""
+    """The turn the long way: the body parsed whole, every edited message emitted by its step, every earlier output
+    indexed again."""
     body = orjson.loads(raw)
     with monkeypatch.context() as patch:
         patch.setattr(Draft, "emitted", _emit_anew)
+        patch.setattr(Compaction, "_standing_before", _places_anew)
         return reference.prepare(path_session=session, headers={}, body=body, credential=KEY)
 
 

@@ -11,8 +11,9 @@ for the journal: applying it to the client's own message is cheap and gives the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 # A run of fewer lines, or fewer characters, than these costs about as much as the line that points at it.
 MIN_RUN_LINES = 2
@@ -24,6 +25,10 @@ MAX_PLACES = 8
 REPEATED = -1  # a run's `source` when it repeats the line before it
 OWN = -2  # a run's `source` when it repeats lines the same output holds higher up, as sent
 OWN_LABEL = "this output"
+# What a `StandingIndex` holds in memory, roughly: per line it knows, and per place of a line.
+INDEX_LINE_BYTES, INDEX_PLACE_BYTES = 160, 64
+# A session's index past this many bytes is not kept from turn to turn (each turn indexes again, as it did before).
+MAX_INDEX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,3 +196,74 @@ def apply(text: str, runs: Sequence[Run], labels: dict[int, str]) -> str:
 def sources_of(runs: Sequence[Run]) -> set[int]:
     """The client indices of the outputs a compaction points into."""
     return {run.source for run in runs if run.source >= 0}
+
+
+class _Lines(dict[int, list[str]]):
+    """Each source's lines, split when first asked for: a run looks into few of the sources it could."""
+
+    def __init__(self, text_of: Callable[[int], str | None]) -> None:
+        super().__init__()
+        self.text_of = text_of
+
+    def __missing__(self, source: int) -> list[str]:
+        lines = self[source] = (self.text_of(source) or "").split("\n")
+        return lines
+
+
+@dataclass
+class StandingIndex:
+    """Where each line a run may start from stands in a session's outputs before client message `upto`, as those
+    outputs stood when indexed, with the journal's digests and decisions they were indexed under.
+
+    A turn compacts last request's newest output against every output before it; their lines do not change while
+    those messages and their decisions lead the journal, so the index is kept from turn to turn in this process
+    (`Journal.standing`, never stored) and a turn adds only the outputs new since. It only grows: a journal that
+    no longer leads with what it was built from (an epoch's decisions, a cut, an edited history) gets a new one."""
+
+    places: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    digests: list[bytes] = field(default_factory=list)
+    decisions: list[object] = field(default_factory=list)
+    held: int = 0
+
+    @property
+    def upto(self) -> int:
+        return len(self.digests)
+
+    def leads(self, digests: Sequence[bytes], decisions: Sequence[object]) -> bool:
+        """Whether the messages and decisions it was built from still lead these (its decisions the very objects)."""
+        n = self.upto
+        return (
+            len(digests) >= n and digests[:n] == self.digests and all(map(operator.is_, self.decisions, decisions[:n]))
+        )
+
+    def extend(self, digests: Sequence[bytes], decisions: Sequence[object], texts: Sequence[str | None]) -> None:
+        """Index the messages from `upto` on: `texts[k]` is what message `upto + k` stands as (None: no output)."""
+        start, places = self.upto, self.places
+        for k, text in enumerate(texts):
+            if text is None:
+                continue
+            source = start + k
+            for line_number, line in enumerate(text.split("\n")):
+                if len(line.strip()) < ANCHOR_CHARS:
+                    continue
+                found = places.get(line)
+                if found is None:
+                    found = places[line] = []
+                    self.held += INDEX_LINE_BYTES + len(line)
+                found.append((source, line_number))
+                if len(found) > MAX_PLACES:
+                    del found[0]
+                else:
+                    self.held += INDEX_PLACE_BYTES
+        self.digests.extend(digests[start : start + len(texts)])
+        self.decisions.extend(decisions[start : start + len(texts)])
+
+    def places_of(self, wanted: set[str], text_of: Callable[[int], str | None]) -> Places:
+        """The places of the `wanted` lines, as `Places(wanted)` with every indexed source added would hold them;
+        `text_of(source)` is what a source stands as now (the index keeps no text: while it leads the journal, each
+        stands as it did when indexed)."""
+        view = Places(wanted)
+        view.texts = _Lines(text_of)
+        index = self.places
+        view.places = {line: index[line] for line in wanted if line in index}  # read, never changed, by `runs`
+        return view

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.context.compact import StandingIndex
 from proxy.context.diff import ContextBlock, ContextDiff
 from proxy.context.recall import RecallIndex
 
@@ -195,6 +196,8 @@ class Journal:
     edit_bytes: int = 0
     # What the last turn sent for its edited messages, for the next turn's render (not stored: this process's only).
     edited: EditedContents | None = field(default=None, compare=False, repr=False)
+    # Where the lines of its outputs stand, for compacting the next newest output (not stored either).
+    standing: StandingIndex | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.digests)
@@ -218,6 +221,7 @@ class Journal:
             direct=self.direct,
             edit_bytes=self.edit_bytes,
             edited=self.edited,
+            standing=self.standing,
         )
 
     def approx_bytes(self) -> int:
@@ -230,6 +234,7 @@ class Journal:
             + BLOCK_BYTES * len(self.snapshot)
             + self.recall.approx_bytes()
             + (self.edited.held if self.edited is not None else 0)
+            + (self.standing.held if self.standing is not None else 0)
         )
 
     def decide(self, i: int, decision: Decision) -> None:

@@ -79,7 +79,9 @@ def process(
     lifetimes: Lifetimes = NO_HISTORY,
     tools_count: int | None = None,
 ) -> Outcome:
-    """The messages to forward for this turn; does not mutate `journal`.
+    """The messages to forward for this turn; does not mutate `journal` (but for the index of where its outputs'
+    lines stand, kept in this process only, which only grows and is checked against the journal before each use:
+    `compact.StandingIndex`).
 
     `digests`, when the caller has them, are the messages' `message_digest`s (not recomputed);
     `cuts` is the caller's cache of head+tail cuts (a fresh one when it keeps none); `cache_cold`: the

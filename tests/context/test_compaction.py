@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from proxy.context import ClearPolicy, HeuristicCounter, ModelInfo, Policy
-from proxy.context.compact import OWN, REPEATED, Places, Run, apply, decode, encode
-from proxy.context.journal import COMPACTED, Journal
+from proxy.context.compact import OWN, REPEATED, Places, Run, StandingIndex, apply, decode, encode
+from proxy.context.journal import AS_SENT, CLEARED, COMPACTED, Decision, Journal
 from proxy.context.messages import is_tool_output
 from proxy.context.patterns import compile_patterns
 from proxy.context.pipeline import process
@@ -99,6 +99,55 @@ def test_with_cheap_caching_a_compaction_that_frees_little_waits_but_one_that_re
     ]
     assert _replay(half, info=cheap)[3].report.compacted == 0
     assert _replay(half, info=UNCACHED)[3].report.compacted == 1
+
+
+def test_the_index_of_standing_lines_holds_while_the_messages_and_decisions_it_was_built_from_lead():
+    """A turn compacts its newest output against where earlier outputs' lines stand; the last turn's index of that
+    serves while the journal leads with what it was built from (the very decision objects), and a turn adds only
+    the messages new since. What it finds for a line is what `Places` with every output added finds."""
+    texts = [_file(1), None, _file(2)]  # two reads of a file and, between them, a message that is no output
+    digests, decisions = [bytes([k]) * 16 for k in range(4)], [AS_SENT, AS_SENT, AS_SENT, Decision(CLEARED)]
+    index = StandingIndex()
+    index.extend(digests, decisions, texts[:1])
+    index.extend(digests, decisions, texts[1:])
+    places = Places()
+    places.add(0, _file(1))
+    places.add(2, _file(2))
+    line = _file(2).split("\n")[5]
+
+    view = index.places_of({line}, texts.__getitem__)
+
+    assert index.upto == 3 and view.places == {line: places.places[line]} == {line: [(0, 5), (2, 5)]}
+    assert view.texts[2] == _file(2).split("\n")
+    assert index.leads(digests, decisions) and index.leads(digests[:3], decisions[:3])
+    assert not index.leads(digests[:2], decisions[:2])  # a journal cut back before what it indexed
+    assert not index.leads([b"x" * 16, *digests[1:]], decisions)  # another history
+    assert not index.leads(digests, [AS_SENT, AS_SENT, Decision(COMPACTED, "0+2@0.0"), AS_SENT])  # an edit since
+    assert not index.leads(digests, [AS_SENT, replace(AS_SENT), AS_SENT, AS_SENT])  # an equal decision, not the one
+
+
+def test_a_turn_extends_the_last_turns_index_and_after_an_epoch_a_new_one_is_made():
+    """Turn after turn the newest output is compacted against the index the last turn left, extended; an epoch
+    that clears outputs it holds changes their decisions, so the turn after it indexes anew."""
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix it."}]
+    for k in range(16):
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]}]
+        messages += [{"role": "tool", "tool_call_id": f"c{k}", "content": _file(k) + f"\nrun {k}: " + "x y " * 300}]
+    clearing = Policy(clear_tool_outputs=ClearPolicy(keep_tokens=500, clear_at_least=100))
+    journal, kinds, compacted = Journal(), [], 0
+    for n in range(6, len(messages) + 1, 2):
+        policy = clearing if n == 24 else NO_CLEARING  # one epoch, from a policy that clears, in the middle
+        before = journal.standing
+        outcome = process(journal, messages[:n], tools=None, policy=policy, model=UNCACHED, counter=COUNTER)
+        after = outcome.journal.standing
+        kinds.append("epoch" if outcome.report.epoch else "kept" if after is before and after is not None else "new")
+        compacted += outcome.report.compacted
+        journal = outcome.journal
+
+    assert compacted > 10  # each read of the file pointed at the one before it
+    assert kinds.count("epoch") == 1 and kinds.count("kept") >= 10
+    assert kinds[kinds.index("epoch") + 1] == "new" and kinds[kinds.index("epoch") + 2] == "kept"
 
 
 def test_runs_point_into_earlier_outputs_and_fold_a_line_repeated_back_to_back():

@@ -1,7 +1,9 @@
 """A warm turn takes its edited messages' contents from the last turn (`journal.EditedContents`) and from its own
-earlier renders instead of emitting them again: what it sends, journals and reports must be what the same turn
-makes with every edited message emitted by its step each time (`_emit_anew`, the render before the contents were
-kept), on a journal without last turn's contents."""
+earlier renders instead of emitting them again, and compacts its newest output against the index of where the
+earlier outputs' lines stand that the last turn left (`compact.StandingIndex`): what it sends, journals and reports
+must be what the same turn makes with every edited message emitted by its step each time (`_emit_anew`, the render
+before the contents were kept) and every earlier output indexed again (`_places_anew`), on a journal without last
+turn's contents."""
 
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ from dataclasses import replace
 import orjson
 import pytest
 
+from proxy.context.compact import Places
 from proxy.context.draft import Draft
 from proxy.context.journal import KEEP, Journal
 from proxy.context.messages import Message
 from proxy.context.pipeline import process
 from proxy.context.policy import ClearPolicy, Policy
+from proxy.context.steps.compact import Compaction
 from proxy.demo.traces import list_traces, load_trace
 from proxy.tokens.counter import counter_for
 from tests.context.replay import model, policy_for, turns
@@ -42,6 +46,15 @@ def _emit_anew(draft: Draft, i: int) -> Message | None:
     return draft.messages[i] if decision.kind == KEEP else draft.emitters[decision.kind](draft, i, decision)
 
 
+def _places_anew(compaction: Compaction, draft: Draft, i: int) -> Places:
+    """`Compaction._standing_before` as it was before the index was kept: every output before `i` indexed again."""
+    places = Places(set(draft.messages[i]["content"].split("\n")))
+    for j in range(i):
+        if (text := compaction.standing(draft, j)) is not None:
+            places.add(j, text)
+    return places
+
+
 def _lockstep(
     monkeypatch: pytest.MonkeyPatch,
     requests: list[list[dict]],
@@ -50,13 +63,18 @@ def _lockstep(
     window: int,
     discount: float,
 ) -> int:
-    """Each turn both ways, on the journal each way left; returns on how many turns last turn's contents held."""
+    """Each turn both ways, on the journal each way left; returns on how many turns last turn's contents held, and
+    on how many last turn's index of standing lines was extended rather than made anew."""
     info = model(window, discount)
-    kept, anew, held = Journal(), Journal(), 0
+    kept, anew, held, extended = Journal(), Journal(), 0, 0
     for k, request in enumerate(requests):
+        index = kept.standing
+        upto = index.upto if index is not None else 0
         fast = process(kept, request, tools=tools, policy=policy, model=info, counter=COUNTER)
+        extended += index is not None and fast.journal.standing is index and index.upto > upto
         with monkeypatch.context() as patch:
             patch.setattr(Draft, "emitted", _emit_anew)
+            patch.setattr(Compaction, "_standing_before", _places_anew)
             full = process(anew, request, tools=tools, policy=policy, model=info, counter=COUNTER)
         assert orjson.dumps(fast.messages) == orjson.dumps(full.messages), f"turn {k + 1}: sent differently"
         assert fast.sources == full.sources, f"turn {k + 1}"
@@ -66,7 +84,7 @@ def _lockstep(
         if kept.edited is not None and kept.edited.reusable(fast.journal):
             held += 1
         kept, anew = fast.journal, full.journal
-    return held
+    return held, extended
 
 
 @pytest.mark.parametrize("name", list_traces())
@@ -76,9 +94,10 @@ def test_a_trace_sends_the_same_bytes_with_last_turns_contents_as_with_every_con
 ) -> None:
     trace = load_trace(name)
     policy = policy_for(trace, clear_tool_outputs=ClearPolicy(keep_tokens=2000, clear_at_least=500))
-    held = _lockstep(monkeypatch, list(turns(trace)), trace.tools, policy, window, 0.1)
+    held, extended = _lockstep(monkeypatch, list(turns(trace)), trace.tools, policy, window, 0.1)
 
     assert held > 0  # edits were made and their contents taken again on later turns
+    assert extended > 0  # and the index of standing lines kept from turn to turn
 
 
 def test_cleared_compacted_and_deduplicated_outputs_send_the_same_bytes_each_turn(
@@ -86,7 +105,7 @@ def test_cleared_compacted_and_deduplicated_outputs_send_the_same_bytes_each_tur
 ) -> None:
     messages = _steps(40)
 
-    held = _lockstep(monkeypatch, [messages[:n] for n in range(3, len(messages) + 1, 2)], None, POLICY, 16000, 0.1)
+    held, _ = _lockstep(monkeypatch, [messages[:n] for n in range(3, len(messages) + 1, 2)], None, POLICY, 16000, 0.1)
 
     assert held > 10
 
@@ -97,7 +116,7 @@ def test_an_edited_history_sends_the_same_bytes_after_the_edit(monkeypatch: pyte
     edited = [*messages[:7], {**messages[7], "content": "short now"}, *messages[10:]]  # step 2's output, step 3 gone
     requests = [messages[:n] for n in range(3, 61, 2)] + [edited[:n] for n in range(59, len(edited) + 1, 2)]
 
-    held = _lockstep(monkeypatch, requests, None, POLICY, 16000, 0.1)
+    held, _ = _lockstep(monkeypatch, requests, None, POLICY, 16000, 0.1)
 
     assert held > 10
 

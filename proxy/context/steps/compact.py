@@ -10,7 +10,7 @@ points (that output was cleared, cut or dropped) is made again against what does
 
 from __future__ import annotations
 
-from proxy.context.compact import Places, apply, decode, encode, sources_of
+from proxy.context.compact import MAX_INDEX_BYTES, Places, StandingIndex, apply, decode, encode, sources_of
 from proxy.context.draft import Draft
 from proxy.context.economics import epoch_saving, expected_turns_to_come, within_budget
 from proxy.context.journal import AS_SENT, COMPACTED, DEDUPED, Decision, TurnReport
@@ -68,7 +68,7 @@ class Compaction:
         if i < 0 or i >= newest(draft.messages) or not _candidate(draft, i, _dedup_targets(draft)):
             return None
         journal = draft.journal
-        runs = _places(draft, i, self).runs(draft.messages[i]["content"])
+        runs = self._standing_before(draft, i).runs(draft.messages[i]["content"])
         if not runs:
             return None
         decision = Decision(COMPACTED, reference=encode(runs))
@@ -127,6 +127,17 @@ class Compaction:
             return _text(emitted) if emitted is not None else None
         return None
 
+    def _standing_before(self, draft: Draft, i: int) -> Places:
+        """Where the lines of output `i` stand in the outputs before it, as they are sent (`standing`): from the
+        session's `StandingIndex`, which this turn extends to `i` (or makes anew where it no longer holds)."""
+        journal = draft.journal
+        index = journal.standing
+        if index is None or index.upto > i or not index.leads(journal.digests, journal.decisions):
+            index = StandingIndex()
+        index.extend(journal.digests, journal.decisions, [self.standing(draft, j) for j in range(index.upto, i)])
+        journal.standing = index if index.held <= MAX_INDEX_BYTES else None
+        return index.places_of(set(draft.messages[i]["content"].split("\n")), lambda j: self.standing(draft, j))
+
     def _compact(self, draft: Draft, i: int, places: Places) -> Decision | None:
         runs = places.runs(draft.messages[i]["content"])
         if not runs:
@@ -158,15 +169,6 @@ def _candidate(draft: Draft, i: int, dedup_targets: set[int]) -> bool:
 
 def _dedup_targets(draft: Draft) -> set[int]:
     return {d.target for d in draft.journal.decisions if d.kind == DEDUPED}
-
-
-def _places(draft: Draft, i: int, compaction: Compaction) -> Places:
-    """Where the lines of output `i` stand in the outputs before it, as they are sent (`Compaction.standing`)."""
-    places = Places(set(draft.messages[i]["content"].split("\n")))
-    for j in range(i):
-        if (text := compaction.standing(draft, j)) is not None:
-            places.add(j, text)
-    return places
 
 
 def _label(draft: Draft, source: int, at: int) -> str:
