@@ -143,6 +143,26 @@ async def test_the_proxys_mark_after_the_last_one_hour_mark_stays_five_minutes(m
     }
 
 
+async def test_a_client_one_hour_mark_before_the_proxys_marks_leaves_them_five_minutes(messages_rig: Any) -> None:
+    """Only a client's 1-hour mark after the proxy's makes the proxy's 1 hour: one on the task, before it, does not."""
+    rig = await messages_rig()
+    messages = _tool_loop(6, "x = 1\n" * 100)
+    messages[0] = {
+        "role": "user",
+        "content": [{"type": "text", "text": messages[0]["content"], "cache_control": ONE_HOUR}],
+    }
+    messages[-1]["content"][-1]["cache_control"] = FIVE_MINUTES
+    await rig.client("task-hour").messages.create(
+        model="claude-sonnet-4-5", max_tokens=64, system=SYSTEM, messages=messages
+    )
+    assert marked(rig.sim.requests[-1].body) == {
+        "messages.0.content.0": ONE_HOUR,
+        "messages.1.content.0": FIVE_MINUTES,  # the frontier
+        "messages.11.content.0": FIVE_MINUTES,  # the stand-in point
+        "messages.12.content.0": FIVE_MINUTES,
+    }
+
+
 def _expected_cost(usage: Any) -> float:
     hour = usage.cache_creation.ephemeral_1h_input_tokens
     five = usage.cache_creation.ephemeral_5m_input_tokens

@@ -80,21 +80,42 @@ def _visit(body: dict[str, Any], visit: Visit) -> dict[str, Any]:
     return out if messages is None else {**out, "messages": messages}
 
 
+TOOLS, SYSTEM = -2, -1  # where a mark stands (`located`), before the messages' indices
+
+
+def _collect(items: Any, where: int, found: list[tuple[int, Any]]) -> None:
+    """The marks of a list of blocks, as `_visit` meets them (a block's inner blocks before the block)."""
+    if not isinstance(items, list):
+        return
+    for item in items:
+        if isinstance(item, dict):
+            inner = item.get("content")
+            if isinstance(inner, list):
+                _collect(inner, where, found)
+            if "cache_control" in item:
+                found.append((where, item["cache_control"]))
+
+
+def located(body: dict[str, Any]) -> list[tuple[int, Any]]:
+    """The request's `cache_control` values in the order the cache reads them (tools, system, messages), each with
+    where it stands: `TOOLS`, `SYSTEM` or its message's index. One walk of the body, copying nothing."""
+    found: list[tuple[int, Any]] = []
+    _collect(body.get("tools"), TOOLS, found)
+    _collect(body.get("system"), SYSTEM, found)
+    for i, message in enumerate(body.get("messages") or []):
+        if isinstance(message, dict):
+            _collect(message.get("content"), i, found)
+    return found
+
+
 def marks(body: dict[str, Any]) -> list[Any]:
     """The request's `cache_control` values in the order the cache reads them: tools, system, messages."""
-    found: list[Any] = []
-
-    def collect(block: dict[str, Any]) -> None:
-        if "cache_control" in block:
-            found.append(block["cache_control"])
-
-    _visit(body, collect)
-    return found
+    return [control for _, control in located(body)]
 
 
 def count(body: dict[str, Any]) -> int:
     """Breakpoints in the request: on tools, system blocks, message blocks and blocks inside tool results."""
-    return len(marks(body))
+    return len(located(body))
 
 
 def is_one_hour(control: Any) -> bool:
@@ -107,9 +128,10 @@ def last_is_one_hour(body: dict[str, Any]) -> bool:
     return bool(found) and is_one_hour(found[-1])
 
 
-def capped(body: dict[str, Any]) -> dict[str, Any]:
-    """The body with at most 4 breakpoints: the first ones beyond that lose their mark (a new dict if any did)."""
-    excess = count(body) - MAX_BREAKPOINTS
+def capped(body: dict[str, Any], taken: int | None = None) -> dict[str, Any]:
+    """The body with at most 4 breakpoints: the first ones beyond that lose their mark (a new dict if any did).
+    `taken`: its breakpoints, when the caller has counted them."""
+    excess = (count(body) if taken is None else taken) - MAX_BREAKPOINTS
     if excess <= 0:
         return body
 
@@ -159,25 +181,29 @@ def stand_in_point(messages: list[Any]) -> int | None:
 
 def with_breakpoints(body: dict[str, Any], place: bool = True) -> dict[str, Any]:
     """The body with at most 4 breakpoints and (`place`) the proxy's where slots are free; the client's is untouched."""
-    body = capped(body)
+    found = located(body)
+    capped_body = capped(body, len(found))
+    if capped_body is not body:
+        body, found = capped_body, located(capped_body)
     messages = body.get("messages")
     if not place or not isinstance(messages, list) or not messages:
         return body
-    taken = count(body)
+    taken = len(found)
     out = dict(body)
     if not taken and body.get("system") and (system := _mark(body["system"], EPHEMERAL)) is not None:
         out["system"] = system
+        taken = 1
     wanted = (
         [frontier(messages), stand_in_point(messages)]
-        if taken
+        if found
         else [len(messages) - 1, frontier(messages), stand_in_point(messages)]
     )
-    slots = MAX_BREAKPOINTS - count(out)
+    slots = MAX_BREAKPOINTS - taken
     marked = list(messages)
     for i in dict.fromkeys(i for i in wanted if i is not None):  # in order of worth, each once
         if slots <= 0:
             break
-        later = any(is_one_hour(c) for c in marks({"messages": messages[i + 1 :]}))
+        later = any(is_one_hour(control) for where, control in found if where > i)  # the client's, after message i
         content = _mark(marked[i].get("content"), ONE_HOUR if later else EPHEMERAL)
         if content is not None:
             marked[i] = {**marked[i], "content": content}
