@@ -105,7 +105,9 @@ def _media(blocks: Sequence[Any]) -> int:
 
 def _stripped(block: Any) -> Any:
     """A block as the journal keys it: without `cache_control`, which clients move every turn."""
-    return {k: v for k, v in block.items() if k != "cache_control"} if isinstance(block, dict) else block
+    if isinstance(block, dict) and "cache_control" in block:
+        return {k: v for k, v in block.items() if k != "cache_control"}
+    return block
 
 
 def _validate(body: Any) -> dict[str, Any]:
