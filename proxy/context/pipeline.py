@@ -18,8 +18,8 @@ from proxy.context.clearing import ClearPlan
 from proxy.context.draft import Draft
 from proxy.context.economics import billed_input
 from proxy.context.inject import drop_capsules, inject_capsules, stale_capsules
-from proxy.context.journal import Journal, TurnReport
-from proxy.context.messages import Message, is_tool_output, message_digest, newest
+from proxy.context.journal import DROPPED, Journal, TurnReport
+from proxy.context.messages import Message, call_ids, is_tool_output, message_digest, newest
 from proxy.context.misses import index_removed, observe_newest
 from proxy.context.patterns import compile_patterns
 from proxy.context.policy import ModelInfo, Policy
@@ -108,7 +108,7 @@ def process(
     )
     if digests is None:
         digests = [message_digest(m) for m in messages]
-    draft.first_new = state.align(digests)
+    draft.first_new = _whole_unit(state, messages, state.align(digests))
     if state.edited is not None:  # the last turn's edited contents, while its messages lead this one
         draft.carried, draft.reusable = state.edited, state.edited.reusable(state)
     compaction = next(step for step in edits if isinstance(step, Compaction))
@@ -157,6 +157,23 @@ def process(
     state.record(report)
     state.edited = draft.carry()
     return Outcome(out, state, report, None, sources)
+
+
+def _whole_unit(journal: Journal, messages: Sequence[Message], first_new: int) -> int:
+    """Where the turn's new messages start, moved back to the call their first one answers when an earlier epoch
+    dropped it: a client that rewrites a tool result whose call the journal dropped (Claude Code clears old results
+    itself) would otherwise send that result with no call before it, which the upstream refuses. The unit is then
+    decided anew, whole (the journal forgets it); the client's edit already broke the cached prefix there."""
+    if not 0 < first_new < len(messages) or messages[first_new].get("role") != "tool":
+        return first_new
+    start = first_new - 1
+    while start > 0 and messages[start].get("role") == "tool":
+        start -= 1
+    dropped = any(journal.decisions[k].kind == DROPPED for k in range(start, first_new))
+    if not call_ids(messages[start]) or not dropped:
+        return first_new
+    journal.cut(start)
+    return start
 
 
 def reply_room(model: ModelInfo, policy: Policy, max_output_tokens: int | None) -> int:

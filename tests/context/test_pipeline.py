@@ -243,3 +243,26 @@ def test_a_reply_that_stops_at_the_window_keeps_only_the_policys_room_free():
     assert too_long is not None and (too_long.window, too_long.reserve) == (40_000 - 4096, 0)
     small = process(Journal(), messages, model=stops, **{**run, "max_output_tokens": 1000})
     assert small.overflow is None
+
+
+def test_a_client_rewriting_a_result_whose_call_an_epoch_dropped_gets_the_call_decided_again_with_it():
+    """Claude Code clears old tool results itself once its context grows: the rewritten result is new to the
+    journal, but its call, which an earlier epoch dropped, was replayed dropped, and the result went upstream with
+    no call before it (the upstream refuses that). The call and its result are decided anew, together."""
+    messages = [{"role": "system", "content": "rules"}, {"role": "user", "content": "the task"}]
+    for n in range(24):
+        messages += _step(n, "".join(f"{n}.{k} value {(n * 300 + k) * 7919 % 100003}\n" for k in range(300)))
+    small = ModelInfo(context_window=16_000, input_per_mtok=1.0, cached_input_per_mtok=0.1)
+    policy = Policy(clear_tool_outputs=ClearPolicy(enabled=False))  # the window is kept by truncation alone
+    journal = Journal()
+    for end in range(4, len(messages) + 1, 2):
+        journal = process(journal, messages[:end], tools=None, policy=policy, model=small, counter=COUNTER).journal
+    dropped = next(i for i in range(2, len(messages), 2) if journal.decisions[i].kind == "dropped")
+    assert journal.decisions[dropped + 1].kind == "dropped"  # a whole unit went in an epoch
+    rewritten = [*messages]
+    rewritten[dropped + 1] = {**messages[dropped + 1], "content": "[Old tool result content cleared]"}
+
+    outcome = process(journal, rewritten, tools=None, policy=policy, model=small, counter=COUNTER)
+
+    assert check_pairing(outcome.messages) == []
+    assert outcome.overflow is None
