@@ -69,6 +69,9 @@ class Conversation:
     cache_ttl_s: int | None = None
     # The API reads a cached prefix only where the request marks one (Anthropic), not at any prefix.
     marked_cache: bool = False
+    # The body's own messages it was mapped from (Messages): a later body's equal messages take their engine
+    # messages from here (`Dialect.conversation`'s `previous`). Never changed.
+    made_from: Sequence[Any] = ()
 
 
 def retention_ttl(body: Mapping[str, Any]) -> int | None:
@@ -131,8 +134,12 @@ class Dialect(Protocol):
         """Why this request must go upstream as sent (its history lives on the server); None when it need not."""
         ...
 
-    def conversation(self, body: Mapping[str, Any], digests: list[bytes] | None = None) -> Conversation:
-        """The engine's view of the request; `digests`, when the shell has them, are its messages' digests."""
+    def conversation(
+        self, body: Mapping[str, Any], digests: list[bytes] | None = None, previous: Sequence[Conversation] = ()
+    ) -> Conversation:
+        """The engine's view of the request; `digests`, when the shell has them, are its messages' digests;
+        `previous`, conversations this body may continue (the same client and session name's last ones): a dialect
+        may take the engine messages of a message equal to one they were made from instead of mapping it again."""
         ...
 
     def render(

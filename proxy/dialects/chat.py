@@ -67,7 +67,9 @@ class ChatDialect(OpenAIWords):
     def unedited_reason(self, body: Mapping[str, Any]) -> str | None:
         return None
 
-    def conversation(self, body: Mapping[str, Any], digests: list[bytes] | None = None) -> Conversation:
+    def conversation(
+        self, body: Mapping[str, Any], digests: list[bytes] | None = None, previous: Sequence[Conversation] = ()
+    ) -> Conversation:
         messages = body["messages"]
         if digests is None or len(digests) != len(messages):
             digests = [message_digest(m) for m in messages]

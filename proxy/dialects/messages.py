@@ -45,6 +45,7 @@ SYSTEM = -1  # the group of the engine message made from `system`
 TOOL_RESULT, TOOL_USE = "tool_result", "tool_use"
 _PLAIN = frozenset({"text", "image", TOOL_USE})  # block types an assistant or user text message may hold editably
 _TOO_LONG = re.compile(r"prompt is too long: (\d+) tokens")
+Span = tuple[int, int]  # engine messages `start` to `end`: what one client message maps to
 _ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
     413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
@@ -233,6 +234,23 @@ def _new_text(message: Message) -> str:
     return content if isinstance(content, str) else (content_text(message) or "")
 
 
+def _continued(made_from: list[bytes], previous: Sequence[Conversation]) -> tuple[Conversation | None, list[Span]]:
+    """The conversation this body's messages (`made_from`, each one's JSON) continue: the first of `previous` made
+    from the same first message; and for each message it was made from, its engine messages (`start`, `end`)."""
+    prior = next((c for c in previous if made_from and c.made_from and c.made_from[0] == made_from[0]), None)
+    if prior is None:
+        return None, []
+    groups, spans, k = prior.groups, [], 0
+    while k < len(groups) and groups[k][0] == SYSTEM:
+        k += 1
+    for i in range(len(prior.made_from)):
+        start = k
+        while k < len(groups) and groups[k][0] == i:
+            k += 1
+        spans.append((start, k))
+    return prior, spans
+
+
 class MessagesDialect:
     """Anthropic's Messages API."""
 
@@ -246,7 +264,9 @@ class MessagesDialect:
         where = _unmodelled(body)
         return f"unmodelled: {where}" if where else None
 
-    def conversation(self, body: Mapping[str, Any], digests: list[bytes] | None = None) -> Conversation:
+    def conversation(
+        self, body: Mapping[str, Any], digests: list[bytes] | None = None, previous: Sequence[Conversation] = ()
+    ) -> Conversation:
         messages: list[Message] = []
         groups: list[tuple[int, list[int]]] = []
         keys: list[bytes] = []
@@ -255,7 +275,15 @@ class MessagesDialect:
             messages.append({"role": "system", "content": opaque(_text(_blocks(system)))})
             groups.append((SYSTEM, []))
             keys.append(group_digest(["system", [_stripped(b) for b in _blocks(system)]]))
+        made_from = [orjson.dumps(message) for message in body["messages"]]  # exact: `true` is not `1` here
+        prior, spans = _continued(made_from, previous)
         for i, message in enumerate(body["messages"]):
+            if prior is not None and i < len(spans) and prior.made_from[i] == made_from[i]:
+                start, end = spans[i]  # the same bytes as the message it continues: its engine messages again
+                messages += prior.messages[start:end]
+                groups += prior.groups[start:end]
+                keys += prior.digests[start:end]
+                continue
             blocks = _blocks(message["content"])
             role = message["role"]
             if role == "user":
@@ -277,6 +305,7 @@ class MessagesDialect:
             cache_write_factor=HOUR_WRITE_FACTOR if hour else None,
             cache_ttl_s=3600 if hour else None,
             marked_cache=True,
+            made_from=made_from,
         )
 
     def render(

@@ -284,7 +284,9 @@ class ResponsesDialect(OpenAIWords):
                 return key
         return None if body.get("input") else "no_input"
 
-    def conversation(self, body: Mapping[str, Any], digests: list[bytes] | None = None) -> Conversation:
+    def conversation(
+        self, body: Mapping[str, Any], digests: list[bytes] | None = None, previous: Sequence[Conversation] = ()
+    ) -> Conversation:
         groups: list[Group] = []
         instructions = body.get("instructions")
         if instructions:

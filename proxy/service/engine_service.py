@@ -28,7 +28,8 @@ from proxy.service import turn_metrics
 from proxy.service.body_memos import BodyMemos, Parsed
 from proxy.service.chains import ResponseChains, UneditedTurn
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold, noted_tools_tokens
-from proxy.service.memory_shares import cut_budget, memo_budget, sent_budget, token_budget
+from proxy.service.memory_shares import conversation_budget, cut_budget, memo_budget, sent_budget, token_budget
+from proxy.service.recent_conversations import RecentConversations
 from proxy.service.scheduling import EnginePool, SessionGates
 from proxy.service.sent_bodies import SentBodies
 from proxy.service.session_ends import SessionEnds
@@ -90,9 +91,13 @@ class EngineService:
         self.cuts = CutCache(cut_budget(holder.settings.state))
         self.bodies = BodyMemos(memo_budget(holder.settings.state))
         self.sent = SentBodies(sent_budget(holder.settings.state))  # the last body each session sent, as bytes
+        # The last conversations mapped from Messages bodies, for the next body's equal messages.
+        self.conversations = RecentConversations(conversation_budget(holder.settings.state))
         # They count against the sessions' `memory_mb`.
         TOKEN_SETS.fit(token_budget(holder.settings.state))
-        store.also_held = lambda: self.bodies.held + self.cuts.held + self.sent.held + TOKEN_SETS.held
+        store.also_held = lambda: (
+            self.bodies.held + self.cuts.held + self.sent.held + TOKEN_SETS.held + self.conversations.held
+        )
         self.chains = ResponseChains(store)  # which session a `previous_response_id` continues
         self.pool = EnginePool()
         self.gates = SessionGates()
@@ -136,8 +141,7 @@ class EngineService:
 
     def _parse_chat(self, raw: bytes, path_session: str | None, headers: Mapping[str, str], client: str) -> Parsed:
         self.bodies.budget = memo_budget(self.holder.settings.state)  # follows a config reload
-        scope = f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
-        parsed = self.bodies.parse(raw, scope)
+        parsed = self.bodies.parse(raw, _scope(client, path_session, headers))
         turn_metrics.HELD_MEMOS.set(self.bodies.held)
         if parsed.reused:
             turn_metrics.MESSAGES_REUSED.inc(parsed.reused)
@@ -202,7 +206,10 @@ class EngineService:
             follows = body.get("previous_response_id") if session_id.startswith(FINGERPRINT_PREFIX) else None
             return _Request(key, client, dialect, body, size, unedited=reason, follows=follows)
         settings = self.holder.settings
-        conversation = dialect.conversation(body, digests)
+        scope = _scope(client, path_session, headers)
+        conversation = dialect.conversation(body, digests, self.conversations.candidates(scope))
+        if conversation.made_from:
+            self.conversations.remember(scope, conversation)
         session_id = session_id_for(path_session, headers, hints, credential, conversation)
         policy, specs = settings.policy_for(session_id)
         model = settings.model(conversation.model)
@@ -292,6 +299,8 @@ class EngineService:
         self.cuts.fit(cut_budget(settings.state))  # follows a config reload
         self.sent.fit(sent_budget(settings.state))
         TOKEN_SETS.fit(token_budget(settings.state))
+        self.conversations.fit(conversation_budget(settings.state))
+        turn_metrics.HELD_CONVERSATIONS.set(self.conversations.held)
         turn_metrics.HELD_CUTS.set(self.cuts.held)
         turn_metrics.HELD_SENT.set(self.sent.held)
         turn_metrics.HELD_TOKENS.set(TOKEN_SETS.held)
@@ -372,6 +381,11 @@ def _is_retry(session: Session, conversation: Conversation) -> bool:
     retry = last is not None and last.prompt_tokens is None and not last.unedited and session.last_request == request
     session.last_request = request
     return retry
+
+
+def _scope(client: str, path_session: str | None, headers: Mapping[str, str]) -> str:
+    """Whose conversations a body may continue: the client's, under the session name it gives (path or header)."""
+    return f"{client}\x00{path_session or ''}\x00{header_value(headers, SESSION_HEADER) or ''}"
 
 
 def _client(credential: str) -> str:

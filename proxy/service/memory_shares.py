@@ -12,6 +12,9 @@ MEMO_SHARE = 4
 CUT_SHARE = 16
 # The last bodies sent upstream at most an eighth (64 MB of 512): one per recent session, about three times its bytes.
 SENT_SHARE = 8
+# The last conversations mapped from Messages bodies (`proxy.service.recent_conversations`) at most an eighth (64 MB
+# of 512): a 100k-token session's take ~1.2 MB there.
+CONVERSATION_SHARE = 8
 # The specific tokens of long texts (`proxy.context.recall.TokenSets`) at most a thirty-second (16 MB of 512): a
 # 100k-token session's outputs take ~1 MB there.
 TOKEN_SHARE = 32
@@ -36,3 +39,8 @@ def sent_budget(state: StateConfig) -> int:
 def token_budget(state: StateConfig) -> int:
     """The kept specific tokens' bytes (`proxy.context.recall.TOKEN_SETS`): their share of `memory_mb`."""
     return state.memory_bytes // TOKEN_SHARE
+
+
+def conversation_budget(state: StateConfig) -> int:
+    """The recent Messages conversations' bytes (`proxy.service.recent_conversations`): their share of `memory_mb`."""
+    return state.memory_bytes // CONVERSATION_SHARE

@@ -37,6 +37,7 @@ HELD_MEMOS = MEMORY_HELD.labels(part="body_memos")
 HELD_CUTS = MEMORY_HELD.labels(part="cut_contents")
 HELD_SENT = MEMORY_HELD.labels(part="sent_bodies")
 HELD_TOKENS = MEMORY_HELD.labels(part="token_sets")
+HELD_CONVERSATIONS = MEMORY_HELD.labels(part="conversations")
 
 
 @functools.lru_cache(maxsize=64)
