@@ -293,15 +293,28 @@ class ResponsesDialect(OpenAIWords):
             groups.append(Group("instructions", (instructions,), 0 if isinstance(instructions, str) else -1))
         items = body["input"]
         groups += [Group("text", (items,), 0)] if isinstance(items, str) else _groups(items)
-        messages = [self._message(group) for group in groups]
+        # Each group's JSON (exact: `true` is not `1` here): a group equal to the one at its place in the conversation
+        # this body continues takes that one's engine message and digest again, instead of mapping it anew.
+        made_from = [orjson.dumps([group.kind, group.editable, *group.items]) for group in groups]
+        prior = next((c for c in previous if made_from and c.made_from and c.made_from[0] == made_from[0]), None)
+        known = prior.made_from if prior is not None else ()
+        messages, digests = [], []
+        for j, group in enumerate(groups):
+            if prior is not None and j < len(known) and known[j] == made_from[j]:
+                messages.append(prior.messages[j])
+                digests.append(prior.digests[j])
+            else:
+                messages.append(self._message(group))
+                digests.append(group_digest([group.kind, *group.items]))
         return Conversation(
             messages=messages,
-            digests=[group_digest([group.kind, *group.items]) for group in groups],
+            digests=digests,
             tools=body.get("tools"),
             max_output_tokens=max_output_tokens(body, ("max_output_tokens",)),
             model=str(body.get("model") or ""),
             groups=groups,
             cache_ttl_s=retention_ttl(body),
+            made_from=made_from,
         )
 
     @staticmethod
