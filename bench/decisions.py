@@ -3,11 +3,12 @@
 `python -m bench decisions` plays every set `bench quality` knows (packaged, held-out, samples A and B, others A
 and B) turn by turn through the engine in this process (bench/engine.py, as the server calls it), each run its own
 session, under a few settings: the model table's 128k and 1M windows at three cached prices, every window cut to
-32k, and `mode = "lossless"`; and as Messages bodies (`proxy.demo.traces_messages`: Claude Code's breakpoints,
-and none) on two Claude models. For each setting and API it hashes every turn's upstream bytes and X-Context-*
-headers (a turn refused for overflow hashes its error). Run it at two revisions: the same digests mean the same
-bytes went upstream on every turn, so a change meant to save CPU changed no decision. It measures nothing to tune
-on: the held-out sets are played only to be compared with themselves.
+32k, and `mode = "lossless"`; as Messages bodies (`proxy.demo.traces_messages`: Claude Code's breakpoints, and
+none) on two Claude models; and as Responses bodies (`proxy.demo.traces_responses`, as Codex sends them). For each
+setting and API it hashes every turn's upstream bytes and X-Context-* headers (a turn refused for overflow hashes
+its error). Run it at two revisions: the same digests mean the same bytes went upstream on every turn, so a change
+meant to save CPU changed no decision. It measures nothing to tune on: the held-out sets are played only to be
+compared with themselves.
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ from proxy.config.settings import Settings
 from proxy.context.policy import policy_from_dict
 from proxy.demo.traces import load_trace, requests
 from proxy.demo.traces_messages import BREAKPOINT_STYLES, messages_requests
-from proxy.dialects import CHAT, MESSAGES, Dialect
+from proxy.demo.traces_responses import responses_requests
+from proxy.dialects import CHAT, MESSAGES, RESPONSES, Dialect
 from proxy.service.engine_service import build_context_service
 
 # gpt-5: 400k window, d = 0.1; gpt-4.1: 1M, d = 0.25; a name only "*" matches: 128k, d = 0.5.
 MODELS = ("gpt-5", "gpt-4.1", "bench-unlisted-model")
 CLAUDE_MODELS = ("claude-sonnet-4-5", "claude-sim-32k")  # 200k and 32k, reads 0.1x, writes 1.25x
+RESPONSES_MODELS = ("gpt-5", "bench-unlisted-model")  # as Codex sends them
+DIALECTS = {"chat": CHAT, "messages": MESSAGES, "responses": RESPONSES}
 SETTINGS = ("shipped", "32k", "lossless")
 
 
@@ -55,6 +59,8 @@ def _bodies(api: str, name: str | Path) -> list[tuple[str, bytes]]:
             for model in MODELS
             for messages, _ in requests(trace)
         ]
+    if api == "responses":
+        return [(model, orjson.dumps(body)) for model in RESPONSES_MODELS for body in responses_requests(trace, model)]
     return [
         (f"{model} {style}", orjson.dumps(body))
         for model in CLAUDE_MODELS
@@ -70,15 +76,14 @@ def _turn(service: Any, dialect: Dialect, raw: bytes, session: str, prompt: int)
     turn = service.prepare(
         path_session=session, headers={}, body=dialect.parse(raw), credential="sk-bench", dialect=dialect
     )
-    turn.record_usage(
-        [{"usage": {"input_tokens": prompt, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}}]
-    )
+    usage = {"input_tokens": prompt, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
+    turn.record_usage([{"usage": {**usage, "input_tokens_details": {"cached_tokens": 0}}}])
     return turn
 
 
 def _play(setting: str, api: str, traces: list[str | Path]) -> dict[str, Any]:
     service = build_context_service(ConfigHolder(_settings(setting)))
-    dialect = CHAT if api == "chat" else MESSAGES
+    dialect = DIALECTS[api]
     digest, turns, epochs = hashlib.sha256(), 0, 0
     started = time.process_time()
     for name in traces:
@@ -88,7 +93,7 @@ def _play(setting: str, api: str, traces: list[str | Path]) -> dict[str, Any]:
                 prompt, last = 0, run
             turns += 1
             try:
-                turn = _turn(service, dialect, raw, f"{run} {name}", max(1, prompt))
+                turn = _turn(service, dialect, raw, f"{run} {Path(name).name}", max(1, prompt))  # not where the tree is
             except Exception as error:  # an overflow the engine refuses: its message is part of the digest
                 digest.update(repr(error).encode())
                 continue
@@ -110,14 +115,14 @@ def _play(setting: str, api: str, traces: list[str | Path]) -> dict[str, Any]:
 
 def run_decisions() -> dict[str, Any]:
     traces = [name for names in named_sets().values() for name in names]
-    rows = [_play(setting, api, traces) for api in ("chat", "messages") for setting in SETTINGS]
+    rows = [_play(setting, api, traces) for api in DIALECTS for setting in SETTINGS]
     return {"traces": len(traces), "rows": rows}
 
 
 def render(result: dict[str, Any]) -> str:
     lines = [
         f"{result['traces']} runs; chat under {', '.join(MODELS)}; Messages under {', '.join(CLAUDE_MODELS)}, "
-        f"each with {' and '.join(BREAKPOINT_STYLES)} breakpoints",
+        f"each with {' and '.join(BREAKPOINT_STYLES)} breakpoints; Responses under {', '.join(RESPONSES_MODELS)}",
         "",
         "| API | setting | digest | turns | epochs | CPU ms a turn |",
         "|---|---|---|---|---|---|",

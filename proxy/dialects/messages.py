@@ -31,6 +31,7 @@ from proxy.dialects.base import (
     Usage,
     group_digest,
     keeps_media,
+    kept_json,
     opaque,
     whole_count,
     with_media,
@@ -275,7 +276,7 @@ class MessagesDialect:
             messages.append({"role": "system", "content": opaque(_text(_blocks(system)))})
             groups.append((SYSTEM, []))
             keys.append(group_digest(["system", [_stripped(b) for b in _blocks(system)]]))
-        made_from = [orjson.dumps(message) for message in body["messages"]]  # exact: `true` is not `1` here
+        made_from = [kept_json(message) for message in body["messages"]]  # exact: `true` is not `1` here
         prior, spans = _continued(made_from, previous)
         for i, message in enumerate(body["messages"]):
             if prior is not None and i < len(spans) and prior.made_from[i] == made_from[i]:

@@ -34,6 +34,7 @@ from proxy.dialects.base import (
     cached_usage,
     group_digest,
     keeps_media,
+    kept_json,
     opaque,
     retention_ttl,
     with_media,
@@ -295,7 +296,7 @@ class ResponsesDialect(OpenAIWords):
         groups += [Group("text", (items,), 0)] if isinstance(items, str) else _groups(items)
         # Each group's JSON (exact: `true` is not `1` here): a group equal to the one at its place in the conversation
         # this body continues takes that one's engine message and digest again, instead of mapping it anew.
-        made_from = [orjson.dumps([group.kind, group.editable, *group.items]) for group in groups]
+        made_from = [kept_json([group.kind, group.editable, *group.items]) for group in groups]
         prior = next((c for c in previous if made_from and c.made_from and c.made_from[0] == made_from[0]), None)
         known = prior.made_from if prior is not None else ()
         messages, digests = [], []

@@ -13,7 +13,7 @@ CUT_SHARE = 16
 # The last bodies sent upstream at most an eighth (64 MB of 512): one per recent session, about three times its bytes.
 SENT_SHARE = 8
 # The last conversations mapped from Messages bodies (`proxy.service.recent_conversations`) at most an eighth (64 MB
-# of 512): a 100k-token session's take ~1.2 MB there.
+# of 512): a 100k-token session's takes ~1.2 MB (Messages) to ~1.7 MB (Responses) there.
 CONVERSATION_SHARE = 8
 # The specific tokens of long texts (`proxy.context.recall.TokenSets`) at most a thirty-second (16 MB of 512): a
 # 100k-token session's outputs take ~1 MB there.
