@@ -91,7 +91,7 @@ class EngineService:
         self.cuts = CutCache(cut_budget(holder.settings.state))
         self.bodies = BodyMemos(memo_budget(holder.settings.state))
         self.sent = SentBodies(sent_budget(holder.settings.state))  # the last body each session sent, as bytes
-        # The last conversations mapped from Messages bodies, for the next body's equal messages.
+        # The last conversations mapped from Messages and Responses bodies, for the next body's equal messages.
         self.conversations = RecentConversations(conversation_budget(holder.settings.state))
         # They count against the sessions' `memory_mb`.
         TOKEN_SETS.fit(token_budget(holder.settings.state))
@@ -207,7 +207,8 @@ class EngineService:
             return _Request(key, client, dialect, body, size, unedited=reason, follows=follows)
         settings = self.holder.settings
         scope = _scope(client, path_session, headers)
-        conversation = dialect.conversation(body, digests, self.conversations.candidates(scope))
+        previous = self.conversations.candidates(scope) if dialect is not CHAT else ()  # chat has its body memos
+        conversation = dialect.conversation(body, digests, previous)
         if conversation.made_from:
             self.conversations.remember(scope, conversation)
         session_id = session_id_for(path_session, headers, hints, credential, conversation)

@@ -1,11 +1,12 @@
-"""The last conversations each client's session names mapped from a body (Messages), for the next body's equal messages.
+"""The last conversations each client's session names mapped from Messages and Responses bodies, for the next
+body's equal messages.
 
-A Messages body is parsed whole every turn (no byte-level memo: Claude Code moves its last breakpoint, so the
-previous body's bytes never lead the next one), and mapping every message to engine messages and digests again
-was most of a long session's warm turn. The dialect takes the engine messages of each message equal to the one
-at its place in a conversation it was given (`Dialect.conversation`'s `previous`), so these are kept: per client
-and session name, the last few conversations (one per conversation the name holds), within a byte budget (a share
-of `[state] memory_mb`), the least recently used going first.
+A Messages or Responses body is parsed whole every turn (no byte-level memo as chat's: Claude Code moves its last
+breakpoint, so the previous body's bytes never lead the next one), and mapping every message to engine messages
+and digests again was most of a long session's warm turn. The dialect takes the engine messages of each message
+equal to the one at its place in a conversation it was given (`Dialect.conversation`'s `previous`), so these are
+kept: per client and session name, the last few conversations (one per conversation the name holds), within a byte
+budget (a share of `[state] memory_mb`), the least recently used going first.
 """
 
 from __future__ import annotations
