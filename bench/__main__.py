@@ -31,7 +31,7 @@ def _overhead(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
 def _scaling(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import scaling
 
-    return scaling.run_scaling(warm_turns=ns.n or 9), scaling.render
+    return scaling.run_scaling(warm_turns=ns.n or 9, api=ns.api), scaling.render
 
 
 def _memory(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
@@ -115,6 +115,8 @@ def _slow_clients(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
 def _fleet(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     from bench import fleet
 
+    if ns.api == "responses":
+        raise SystemExit("fleet: --api chat or messages")
     measured = tuple(ns.set) if ns.set else ("tuned", "held-out")
     discount = 0.1 if ns.discount is None else ns.discount
     return asyncio.run(fleet.run_fleet(discount, measured=measured, api=ns.api, behind=ns.behind)), fleet.render
@@ -243,10 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--api",
-        choices=["chat", "messages"],
+        choices=["chat", "messages", "responses"],
         default="chat",
         help="fleet: chat completions at d x input, or Messages as Claude Code sends it (breakpoints on system + "
-        "last message, the shipped Claude prices: reads 0.1x, writes 1.25x)",
+        "last message, the shipped Claude prices: reads 0.1x, writes 1.25x); scaling: chat, Messages as Claude "
+        "Code sends it, or Responses as Codex does",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the raw result as JSON")
     parser.add_argument(
