@@ -6,12 +6,14 @@ orjson reads 2**64 as a float, so every body the proxy rewrites (usage asked for
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
+from proxy.dialects.body_checks import may_hold_wide_integer
 from tests.harness import Rig, start_rig
 
 BIG = 18446744073709551616  # 2**64: one past what an unsigned 64-bit integer holds
@@ -80,3 +82,48 @@ async def test_a_warm_turn_parsed_from_its_sessions_last_body_keeps_them_too(rig
                 await response.read()
                 assert response.status == 200
     assert b'"x_trace_id":%d' % BIG in rig.sim.requests[-1].raw
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"18446744073709551616",  # the whole body a number
+        b'{"n":18446744073709551616}',
+        b'{"n": -9223372036854775809}',
+        b'{"n" :\n\t 18446744073709551616.5}',
+        b"[1,18446744073709551616]",
+        b"[\n  18446744073709551616\n]",
+        b'{"a": "id 12", "n": [0, 0,\r\n-18446744073709551616]}',
+    ],
+)
+def test_every_integer_token_of_19_digits_is_caught_however_the_json_is_spaced(text: bytes) -> None:
+    assert may_hold_wide_integer(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"sig": "Fs.61604023379287819240792c0"}',  # a run inside a string, after a dot
+        b'{"log": "took 18446744073709551616ns"}',
+        b'{"hash": "sha:x18446744073709551616"}',
+        b'{"n": 1.5e18446744073709551616}',  # an exponent: no integer
+        b'{"n": 123456789012345678}',  # 18 digits: within 64 bits
+    ],
+)
+def test_a_run_of_digits_no_number_token_starts_with_is_not_a_wide_integer(text: bytes) -> None:
+    assert not may_hold_wide_integer(text)
+
+
+async def test_a_pretty_printed_body_keeps_its_wide_integers_too(rig: Rig) -> None:
+    """A client that indents its JSON puts spaces and line breaks before a number: still read exactly."""
+    body = {
+        **_responses(),
+        "metadata": {"n": "BIG"},
+        "input": [{"role": "user", "content": "Count 12345678901234567890x."}],
+    }
+    raw = json.dumps(body, indent=2).replace('"BIG"', str(BIG)).replace('"NEGATIVE"', str(NEGATIVE)).encode()
+    async with aiohttp.ClientSession() as http, http.post(rig.root + "/v1/responses", data=raw) as response:
+        await response.read()
+        assert response.status == 200
+    sent = rig.sim.requests[-1].raw
+    assert b"%d" % BIG in sent and b"%d" % NEGATIVE in sent and b"e+19" not in sent
