@@ -312,43 +312,46 @@ class MessagesDialect:
     def render(
         self, body: Mapping[str, Any], conversation: Conversation, out: Sequence[Message], sources: Sequence[int]
     ) -> dict[str, Any]:
-        originals = body["messages"]
-        rendered: dict[int, dict[int, Any]] = {}  # message index -> block index -> block
+        originals, groups, engine = body["messages"], conversation.groups, conversation.messages
+        sent: dict[int, list[tuple[int, Message]]] = {}  # message index -> its engine messages sent, in order
         touched: set[int] = set()
         order: list[int | dict[str, Any]] = []  # message indices in output order, or inserted messages
         for message, source in zip(out, sources, strict=True):
             if source < 0:
                 order.append({"role": "user", "content": [{"type": "text", "text": _new_text(message)}]})
                 continue
-            i, indices = conversation.groups[source]
+            i = groups[source][0]
             if i == SYSTEM:
                 continue
-            if i not in rendered:
-                rendered[i] = {}
+            if i not in sent:
+                sent[i] = []
                 order.append(i)
-            blocks = _blocks(originals[i]["content"])
-            if message is conversation.messages[source]:
-                rendered[i].update((j, blocks[j]) for j in indices)
-                continue
-            touched.add(i)
-            if message.get("role") == "tool":
-                block = blocks[indices[0]]
-                rendered[i][indices[0]] = {**block, "content": _tool_result_content(block, message)}
-            else:
-                rendered[i].update(_edited_blocks(blocks, indices, message))
-        counts: dict[int, int] = {}
-        for engine_index in range(len(conversation.groups)):
-            i = conversation.groups[engine_index][0]
-            counts[i] = counts.get(i, 0) + len(conversation.groups[engine_index][1])
+            sent[i].append((source, message))
+            if message is not engine[source]:
+                touched.add(i)
+        totals: dict[int, int] = {}  # message index -> how many engine messages it maps to
+        for i, _ in groups:
+            totals[i] = totals.get(i, 0) + 1
         result: list[dict[str, Any]] = []
         for item in order:
             if isinstance(item, dict):
                 result.append(item)  # its own user message: the API joins consecutive user messages
                 continue
-            kept = rendered[item]
-            if item not in touched and len(kept) == counts[item]:
-                result.append(originals[item])  # as the client sent it
-            elif kept:
+            if item not in touched and len(sent[item]) == totals[item]:
+                result.append(originals[item])  # all of it sent as the client sent it
+                continue
+            blocks = _blocks(originals[item]["content"])
+            kept: dict[int, Any] = {}  # block index -> block
+            for source, message in sent[item]:
+                indices = groups[source][1]
+                if message is engine[source]:
+                    kept.update((j, blocks[j]) for j in indices)
+                elif message.get("role") == "tool":
+                    block = blocks[indices[0]]
+                    kept[indices[0]] = {**block, "content": _tool_result_content(block, message)}
+                else:
+                    kept.update(_edited_blocks(blocks, indices, message))
+            if kept:
                 result.append({**originals[item], "content": [kept[j] for j in sorted(kept)]})
         return {**body, "messages": result}
 
