@@ -87,6 +87,12 @@ def kept_json(value: Any) -> bytes:
     return memoryview(orjson.dumps(value)).tobytes()
 
 
+def continued(made_from: Sequence[bytes], previous: Sequence[Conversation]) -> Conversation | None:
+    """The conversation a body continues: the first of `previous` made from the same first piece (`made_from`, each
+    piece's `kept_json`: a Messages message, a Responses input group), or None."""
+    return next((c for c in previous if made_from and c.made_from and c.made_from[0] == made_from[0]), None)
+
+
 def group_digest(value: Any) -> bytes:
     """16 bytes that change whenever anything the client sent in `value` changes (the journal's key)."""
     return hashlib.sha256(canonical_bytes(value)).digest()[:16]

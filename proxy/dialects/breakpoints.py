@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.context.clearing import FRONTIER_MIN_CHARS, is_cleared
+from proxy.dialects.blocks import content_blocks
 
 MAX_BREAKPOINTS = 4
 EPHEMERAL = {"type": "ephemeral"}
@@ -35,10 +36,6 @@ NEAR_END = 3  # a frontier this close to the last message adds nothing: the last
 
 # A block's replacement, or None to leave it as it is.
 Visit = Callable[[dict[str, Any]], dict[str, Any] | None]
-
-
-def _blocks(content: Any) -> list[Any]:
-    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
 
 
 def _visit_list(items: Any, visit: Visit) -> list[Any] | None:
@@ -147,7 +144,7 @@ def capped(body: dict[str, Any], taken: int | None = None) -> dict[str, Any]:
 
 def _mark(content: Any, control: dict[str, str]) -> list[Any] | None:
     """The content with its last markable block marked, or None when it cannot or does already carry one."""
-    blocks = _blocks(content)
+    blocks = content_blocks(content)
     for j in range(len(blocks) - 1, -1, -1):
         block = blocks[j]
         if isinstance(block, dict) and block.get("type") not in UNMARKABLE:
@@ -160,14 +157,16 @@ def _mark(content: Any, control: dict[str, str]) -> list[Any] | None:
 
 def _cleared_or_short(block: dict[str, Any]) -> bool:
     content = block.get("content")
-    text = content if isinstance(content, str) else "".join(str(b.get("text", "")) for b in _blocks(content))
+    text = content if isinstance(content, str) else "".join(str(b.get("text", "")) for b in content_blocks(content))
     return is_cleared(text) or len(text) < FRONTIER_MIN_CHARS
 
 
 def frontier(messages: list[Any]) -> int | None:
     """The message before the oldest user message with a tool result still to clear, unless near the end."""
     for i, message in enumerate(messages):
-        results = [b for b in _blocks(message.get("content")) if isinstance(b, dict) and b.get("type") == "tool_result"]
+        results = [
+            b for b in content_blocks(message.get("content")) if isinstance(b, dict) and b.get("type") == "tool_result"
+        ]
         if i and message.get("role") == "user" and any(not _cleared_or_short(b) for b in results):
             return i - 1 if i - 1 < len(messages) - NEAR_END else None
     return None

@@ -29,6 +29,7 @@ from proxy.dialects.base import (
     Conversation,
     Message,
     Usage,
+    continued,
     group_digest,
     keeps_media,
     kept_json,
@@ -36,14 +37,13 @@ from proxy.dialects.base import (
     whole_count,
     with_media,
 )
+from proxy.dialects.blocks import TOOL_RESULT, TOOL_USE, blocks_text, content_blocks, media_tokens
 from proxy.dialects.body_checks import json_body
 from proxy.dialects.breakpoints import last_is_one_hour, with_breakpoints
 from proxy.errors import InvalidRequest, anthropic_error_body
-from proxy.tokens.media import anthropic_block_tokens
 
 ONE_MILLION = 1_000_000  # the window Anthropic's 1M-context beta (and a `[1m]` model id) enables
 SYSTEM = -1  # the group of the engine message made from `system`
-TOOL_RESULT, TOOL_USE = "tool_result", "tool_use"
 _PLAIN = frozenset({"text", "image", TOOL_USE})  # block types an assistant or user text message may hold editably
 _TOO_LONG = re.compile(r"prompt is too long: (\d+) tokens")
 Span = tuple[int, int]  # engine messages `start` to `end`: what one client message maps to
@@ -51,58 +51,6 @@ _ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
     413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
 }  # fmt: skip
-
-
-def _blocks(content: Any) -> list[Any]:
-    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-
-
-def _text(blocks: Sequence[Any]) -> str:
-    """What a run of blocks is counted by: text as it is, an image or a PDF as a marker (`_media` counts it),
-    anything else as its JSON."""
-    out = []
-    for block in blocks:
-        kind = block.get("type")
-        if kind == "text":
-            out.append(str(block.get("text", "")))
-        elif kind == "thinking":
-            out.append(str(block.get("thinking", "")))
-        elif kind == TOOL_RESULT:
-            content = block.get("content")
-            out.append(_text(_blocks(content)) if isinstance(content, str | list) else "")
-        elif kind == "image":
-            out.append("[image]")
-        elif kind == "document":
-            out.append(_document_text(block))
-        elif kind != TOOL_USE:
-            out.append(orjson.dumps(block).decode())
-    return "\n".join(out)
-
-
-def _document_text(block: Mapping[str, Any]) -> str:
-    """A document's title and context, and its text when it is text (a plain-text source, or content blocks)."""
-    source = block.get("source")
-    source = source if isinstance(source, dict) else {}
-    words = [str(block[key]) for key in ("title", "context") if isinstance(block.get(key), str)]
-    if source.get("type") == "text":
-        words.append(str(source.get("data", "")))
-    elif source.get("type") == "content" and isinstance(source.get("content"), str | list):
-        words.append(_text([b for b in _blocks(source["content"]) if isinstance(b, dict)]))
-    else:
-        words.append("[document]")
-    return "\n".join(words)
-
-
-def _media(blocks: Sequence[Any]) -> int:
-    """The tokens of the images and PDFs in a run of blocks (a tool_result's own included), as Anthropic bills
-    them (`proxy.tokens.media`)."""
-    total = 0
-    for block in blocks:
-        if block.get("type") == TOOL_RESULT and isinstance(block.get("content"), list):
-            total += _media([b for b in block["content"] if isinstance(b, dict)])
-        else:
-            total += anthropic_block_tokens(block)
-    return total
 
 
 def _stripped(block: Any) -> Any:
@@ -155,13 +103,13 @@ def _tool_message(block: dict[str, Any]) -> Message:
     """A tool_result as the engine reads it: its text, and the tokens of its images and PDFs beside it (so a
     screenshot stays clearable, and leaves the count when it is cleared)."""
     content = block.get("content")
-    text = _text(_blocks(content)) if isinstance(content, str | list) else ""
+    text = blocks_text(content_blocks(content)) if isinstance(content, str | list) else ""
     if _prefixed(block, text):
         text = ERROR_PREFIX + text  # the engine keeps short errors; it knows them by their words
     return {
         "role": "tool",
         "tool_call_id": str(block.get("tool_use_id", "")),
-        "content": with_media(text, _media([block])),
+        "content": with_media(text, media_tokens([block])),
     }
 
 
@@ -169,7 +117,7 @@ def _tool_result_content(block: Mapping[str, Any], message: Message) -> str | li
     """An edited tool_result's content as the upstream gets it: the engine's text without the prefix
     `_tool_message` put there, and the client's images and PDFs when the edit kept them (a cut)."""
     content = block.get("content")
-    text = _text(_blocks(content)) if isinstance(content, str | list) else ""
+    text = blocks_text(content_blocks(content)) if isinstance(content, str | list) else ""
     new = _new_text(message)
     new = new.removeprefix(ERROR_PREFIX) if _prefixed(block, text) else new
     if not keeps_media(message) or not isinstance(content, list):
@@ -189,7 +137,7 @@ def _split_user(blocks: list[Any]) -> list[tuple[list[int], Message]]:
     if rest:
         mine = [blocks[j] for j in rest]
         editable = all(b.get("type") in _PLAIN for b in mine) and any(b.get("type") == "text" for b in mine)
-        text, media = _text(mine), _media(mine)
+        text, media = blocks_text(mine), media_tokens(mine)
         out.append((rest, {"role": "user", "content": with_media(text, media) if editable else opaque(text, media)}))
     return out
 
@@ -200,7 +148,7 @@ def _assistant(blocks: list[Any]) -> Message:
          "function": {"name": str(b.get("name", "")), "arguments": orjson.dumps(b.get("input")).decode()}}
         for b in blocks if b.get("type") == TOOL_USE
     ]  # fmt: skip
-    text = _text(blocks)
+    text = blocks_text(blocks)
     editable = all(b.get("type") in _PLAIN for b in blocks)
     message: Message = {"role": "assistant", "content": (text or None) if editable else opaque(text)}
     if calls:
@@ -211,7 +159,7 @@ def _assistant(blocks: list[Any]) -> Message:
 def _other(blocks: list[Any]) -> Message:
     """A message of a role this adapter does not edit (a mid-conversation `system` message): counted, never
     edited, and as a system message never dropped."""
-    return {"role": "system", "content": opaque(_text(blocks), _media(blocks))}
+    return {"role": "system", "content": opaque(blocks_text(blocks), media_tokens(blocks))}
 
 
 def _edited_blocks(blocks: list[Any], indices: list[int], message: Message) -> dict[int, Any]:
@@ -238,7 +186,7 @@ def _new_text(message: Message) -> str:
 def _continued(made_from: list[bytes], previous: Sequence[Conversation]) -> tuple[Conversation | None, list[Span]]:
     """The conversation this body's messages (`made_from`, each one's JSON) continue: the first of `previous` made
     from the same first message; and for each message it was made from, its engine messages (`start`, `end`)."""
-    prior = next((c for c in previous if made_from and c.made_from and c.made_from[0] == made_from[0]), None)
+    prior = continued(made_from, previous)
     if prior is None:
         return None, []
     groups, spans, k = prior.groups, [], 0
@@ -273,9 +221,9 @@ class MessagesDialect:
         keys: list[bytes] = []
         system = body.get("system")
         if system:
-            messages.append({"role": "system", "content": opaque(_text(_blocks(system)))})
+            messages.append({"role": "system", "content": opaque(blocks_text(content_blocks(system)))})
             groups.append((SYSTEM, []))
-            keys.append(group_digest(["system", [_stripped(b) for b in _blocks(system)]]))
+            keys.append(group_digest(["system", [_stripped(b) for b in content_blocks(system)]]))
         made_from = [kept_json(message) for message in body["messages"]]  # exact: `true` is not `1` here
         prior, spans = _continued(made_from, previous)
         for i, message in enumerate(body["messages"]):
@@ -285,7 +233,7 @@ class MessagesDialect:
                 groups += prior.groups[start:end]
                 keys += prior.digests[start:end]
                 continue
-            blocks = _blocks(message["content"])
+            blocks = content_blocks(message["content"])
             role = message["role"]
             if role == "user":
                 parts = _split_user(blocks)
@@ -340,7 +288,7 @@ class MessagesDialect:
             if item not in touched and len(sent[item]) == totals[item]:
                 result.append(originals[item])  # all of it sent as the client sent it
                 continue
-            blocks = _blocks(originals[item]["content"])
+            blocks = content_blocks(originals[item]["content"])
             kept: dict[int, Any] = {}  # block index -> block
             for source, message in sent[item]:
                 indices = groups[source][1]

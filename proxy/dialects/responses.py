@@ -32,6 +32,7 @@ from proxy.dialects.base import (
     OpenAIWords,
     Usage,
     cached_usage,
+    continued,
     group_digest,
     keeps_media,
     kept_json,
@@ -297,7 +298,7 @@ class ResponsesDialect(OpenAIWords):
         # Each group's JSON (exact: `true` is not `1` here): a group equal to the one at its place in the conversation
         # this body continues takes that one's engine message and digest again, instead of mapping it anew.
         made_from = [kept_json([group.kind, group.editable, *group.items]) for group in groups]
-        prior = next((c for c in previous if made_from and c.made_from and c.made_from[0] == made_from[0]), None)
+        prior = continued(made_from, previous)
         known = prior.made_from if prior is not None else ()
         messages, digests = [], []
         for j, group in enumerate(groups):
