@@ -18,7 +18,6 @@ group goes as the client sent it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +40,8 @@ from proxy.dialects.base import (
     with_media,
 )
 from proxy.dialects.body_checks import json_body
-from proxy.dialects.chat import max_output_tokens, stated_prompt_tokens
+from proxy.dialects.chat import max_output_tokens
+from proxy.dialects.responses_refusals import overflow_tokens, stream_undecided
 from proxy.errors import InvalidRequest, error_body
 from proxy.tokens.media import openai_part_tokens
 
@@ -50,12 +50,7 @@ TEXT_PARTS = ("input_text", "output_text", "text")
 MEDIA_PARTS = ("input_image", "input_file")
 # base64 (4 characters per 3 bytes) of sealed text (about 4 bytes a token): ~5.3 characters a reasoning token.
 SEALED_CHARS_PER_TOKEN = 5
-# Events the API sends before it may still refuse a streamed request (context_length_exceeded).
-PRELUDE_EVENTS = (b"response.created", b"response.in_progress", b"response.queued")
-OVERFLOW_CODE = "context_length_exceeded"
 CODEX_SESSION_HEADERS = ("session-id", "session_id")  # Codex 0.17x sends the first; older ones the second
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
-_EVENT_TYPE = re.compile(rb'"type"\s*:\s*"([^"]+)"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,30 +218,6 @@ def _edited(group: Group, text: str, media: bool) -> list[Any]:
     return items
 
 
-def _sse_events(head: bytes) -> list[bytes]:
-    """The complete events at the start of an SSE body."""
-    events, at = [], 0
-    while match := _EVENT_END.search(head, at):
-        events.append(head[at : match.start()])
-        at = match.end()
-    return events
-
-
-def _event_data(event: bytes) -> Any:
-    data = b"\n".join(line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:"))
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-
-
-def _overflow_count(error: Any) -> int | None:
-    """The prompt size a `context_length_exceeded` error states, 0 when it states none; None for another error."""
-    if not isinstance(error, dict) or error.get("code") != OVERFLOW_CODE:
-        return None
-    return stated_prompt_tokens(str(error.get("message") or "")) or 0
-
-
 def _check(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", None, "invalid_type")
@@ -378,35 +349,10 @@ class ResponsesDialect(OpenAIWords):
         return None
 
     def stream_undecided(self, head: bytes) -> bool:
-        """True while a streamed answer has sent only what comes before a possible refusal (read on, hold it)."""
-        events = _sse_events(head)
-        return all(
-            (match := _EVENT_TYPE.search(event)) is not None and match.group(1) in PRELUDE_EVENTS for event in events
-        )
+        return stream_undecided(head)
 
     def overflow_tokens(self, status: int, body: bytes) -> int | None:
-        """A refusal for length: a 400, or a streamed `error` / `response.failed` event (0: size not stated)."""
-        if status == 400:
-            try:
-                payload = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                return None
-            return _overflow_count(payload.get("error")) if isinstance(payload, dict) else None
-        if status != 200:
-            return None
-        for event in _sse_events(body):
-            payload = _event_data(event)
-            if not isinstance(payload, dict):
-                continue
-            if payload.get("type") == "error":
-                found = _overflow_count(payload.get("error", payload))
-            elif payload.get("type") == "response.failed" and isinstance(payload.get("response"), dict):
-                found = _overflow_count(payload["response"].get("error"))
-            else:
-                continue
-            if found is not None:
-                return found
-        return None
+        return overflow_tokens(status, body)
 
     def error_body(self, message: str, status: int, code: str | None, param: str | None) -> bytes:
         return error_body(message, status, code, param)
