@@ -24,7 +24,7 @@ from proxy.context.recall import TOKEN_SETS
 from proxy.context.steps import CutCache
 from proxy.dialects import CHAT, Conversation, Dialect
 from proxy.errors import ContextOverflow
-from proxy.service import turn_metrics
+from proxy.service import session_views, turn_metrics
 from proxy.service.body_memos import BodyMemos, Parsed
 from proxy.service.chains import ResponseChains, UneditedTurn
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold, noted_tools_tokens
@@ -43,7 +43,6 @@ from proxy.state.sessions import (
     header_value,
     scoped_key,
     session_id_for,
-    visible_id,
 )
 from proxy.tokens.counter import counter_for
 
@@ -345,33 +344,10 @@ class EngineService:
         return self.store.problem
 
     async def sessions_json(self) -> list[dict[str, Any]]:
-        """`GET /sessions`: one row per session, most recent first, every process's when the store is shared
-        (each row as its latest writer left it); at most `[state] max_sessions`; no message text."""
-        limit = self.store.max_sessions
-        rows = {row["key"]: row for row in await self.store.shared_rows(limit)}
-        for session in self.store:
-            row = rows.get(session.id)
-            if row is None or session.last_seen >= row["last_seen"]:  # our copy is the latest one
-                rows[session.id] = session.summary()
-        folded = conversations.rows(rows.values())  # a session's conversations in its one row
-        return sorted(folded, key=lambda row: row["last_seen"], reverse=True)[:limit]
+        return await session_views.rows(self.store)
 
     async def session_json(self, session_id: str) -> dict[str, Any] | None:
-        """`GET /sessions/{id}`: per turn, what the engine did and what the upstream billed; from this process's
-        copy, or the shared store's when another process served the session since."""
-        await self.ends.sweep_if_due()
-        session = self.store.peek(session_id)
-        if session is None:  # the id as the client named it: the most recent client's session of that name
-            named = [
-                s for s in self.store if visible_id(s.id) == session_id and conversations.session_key(s.id) == s.id
-            ]
-            session = max(named, key=lambda s: s.last_seen, default=None)
-        shared = await self.store.shared_report(session_id, self.store.max_sessions)
-        if session is not None and (shared is None or session.last_seen >= shared["last_seen"]):
-            return self.ends.describe(
-                conversations.detail([session, *conversations.conversations(self.store, session.id)])
-            )
-        return None if shared is None else self.ends.describe(shared)
+        return await session_views.detail(self.store, self.ends, session_id)
 
 
 def _is_retry(session: Session, conversation: Conversation) -> bool:
