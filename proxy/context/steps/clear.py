@@ -7,13 +7,15 @@ from dataclasses import replace
 
 from proxy.context import stubs
 from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER, ClearPlan, ClearToolOutputs, is_cleared
+from proxy.context.compact import decode, encode, sources_of
 from proxy.context.draft import Draft
 from proxy.context.economics import epoch_cost, epoch_saving, epoch_value, within_budget
-from proxy.context.journal import AS_SENT, CLEARED, COMPACTED, DROPPED, Decision, TurnReport
+from proxy.context.journal import AS_SENT, CLEARED, COMPACTED, DEDUPED, DROPPED, Decision, TurnReport
 from proxy.context.messages import Message, content_text, is_tool_output, message_ids, newest
 from proxy.context.policy import ClearPolicy
 from proxy.context.recall import message_tokens, never_edited, outputs_in_use
 from proxy.context.steps.base import Epoch
+from proxy.context.steps.compact import Compaction
 from proxy.context.tokens import REPLY_PRIMING
 
 # Tool outputs among the last this many messages are never cleared, whatever `keep_tokens` says.
@@ -78,12 +80,14 @@ class Clearing:
         banked, risk_turns = draft.journal.banked, draft.policy.first_edit_risk_turns
         assured, direct, overrun = draft.assured_turns(), draft.direct_so_far(), draft.policy.bet_overrun
 
-        def value(freed: int, first: int) -> float:
+        def value(freed: int, first: int, grown: int = 0) -> float:
             """The net saving expected of freeing `freed` tokens from token `first` on, or -1 when the edit
-            costs more this turn than the budget allows (`economics.within_budget`)."""
+            costs more this turn than the budget allows (`economics.within_budget`), counting the `grown`
+            tokens compacted outputs pointing into the cleared ones stand whole again by."""
             after = total - freed
-            cost = epoch_cost(d, after, first, freed, w)
-            per_turn = epoch_saving(d, freed, 1.0)
+            net = freed - grown
+            cost = epoch_cost(d, after + grown, first, net, w)
+            per_turn = epoch_saving(d, net, 1.0)
             if not within_budget(cost, banked, per_turn, first_turn, risk_turns, assured, direct, overrun):
                 return -1.0
             return epoch_value(
@@ -113,7 +117,9 @@ class Clearing:
         if plan.ids and not forced:
 
             def paying(plan: ClearPlan) -> ClearPlan:
-                return _paying_part(draft, plan, visible, digests, rules, lambda freed, j: value(freed, position(j)))
+                return _paying_part(
+                    draft, plan, visible, digests, rules, lambda freed, j, grown: value(freed, position(j), grown)
+                )
 
             chosen = paying(plan)
             if not chosen.ids and plan is not whole:
@@ -167,7 +173,7 @@ def _paying_part(
     visible: list[Message],
     digests: list[bytes],
     rules: ClearPolicy,
-    value: Callable[[int, int], float],
+    value: Callable[[int, int, int], float],
 ) -> ClearPlan:
     """The newest outputs of the plan, from the one where clearing pays the most on (empty when none pays).
 
@@ -177,18 +183,54 @@ def _paying_part(
     """
     planned = plan.indices(visible, digests)
     outputs = [j for j in draft.where if j >= 0]  # output index per visible message
+    clients = draft.visible()  # client index per visible message
+    pointing = _pointing_into(draft)
     count = draft.counter.count_message
     least = max(1, rules.clear_at_least)
-    best, best_value, freed, best_freed = len(planned), 0.0, 0, 0
+    best, best_value, freed, grown, best_freed = len(planned), 0.0, 0, 0, 0
+    cleared: set[int] = set()
     for k in range(len(planned) - 1, -1, -1):
         message = visible[planned[k]]
+        source = clients[planned[k]]
+        cleared.add(source)
         freed += count(message) - count({**message, "content": PLACEHOLDER})
-        if freed >= least and (net := value(freed, outputs[planned[k]])) > best_value:
+        grown += _regrowth(draft, pointing, source, cleared)
+        if freed >= least and (net := value(freed, outputs[planned[k]], grown)) > best_value:
             best, best_value, best_freed = k, net, freed
     if best == 0:
         return plan
     ids = message_ids(visible, digests)
     return ClearPlan(tuple(ids[i] for i in planned[best:]), best_freed)
+
+
+def _pointing_into(draft: Draft) -> dict[int, list[int]]:
+    """For each output a compaction or a deduplicated output points at, the outputs pointing there (client
+    indices)."""
+    pointing: dict[int, list[int]] = {}
+    for i, decision in enumerate(draft.journal.decisions):
+        if decision.kind == COMPACTED:
+            for source in sources_of(decode(decision.reference)):
+                pointing.setdefault(source, []).append(i)
+        elif decision.kind == DEDUPED:
+            pointing.setdefault(decision.target, []).append(i)
+    return pointing
+
+
+def _regrowth(draft: Draft, pointing: dict[int, list[int]], source: int, cleared: set[int]) -> int:
+    """Tokens the outputs pointing at `source` grow back by once it is cleared (those cleared with it aside): a
+    duplicate gets its body back (`dedup._release_dangling`), a compaction's lines there stand in it again
+    (`Compaction.edit` makes it again; a line a third output holds too may then point there, not counted here)."""
+    journal, grown = draft.journal, 0
+    for i in pointing.get(source, ()):
+        if i in cleared:
+            continue
+        decision = journal.decisions[i]
+        kept = [run for run in decode(decision.reference) if run.source != source] if decision.kind == COMPACTED else []
+        standing = (
+            Compaction().emit(draft, i, Decision(COMPACTED, reference=encode(kept))) if kept else draft.messages[i]
+        )
+        grown += draft.counter.count_message(standing) - journal.sent[i]
+    return grown
 
 
 def _spare_in_use(
