@@ -135,8 +135,11 @@ class Upstream:
     async def start(self) -> None:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-            # Bytes are relayed as they are: a compressed passthrough body stays compressed.
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False)
+            # Bytes are relayed as they are: a compressed passthrough body stays compressed. No cookie jar: one
+            # shared by every client would send the cookies an upstream set for one with everyone's requests.
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
+            )
 
     async def close(self) -> None:
         if self._session is not None:
