@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 
 from proxy.demo.simulator import SimulatorConfig
 from proxy.errors import ProxyError
-from proxy.shell.access import check_request, exposure_problem
+from proxy.shell.access import ADMIN_COOKIE, check_request, exposure_problem
 from tests.harness import ENGINES, Rig, chat_body, is_openai_error, make_settings, start_rig
 
 PROXY_KEYS = ("pk-alpha-7d1f0c2e", "pk-beta-93ab44e1")
@@ -377,5 +377,34 @@ async def test_a_header_byte_that_is_not_utf8_gets_a_400_in_the_routes_shape(
         else:
             assert is_openai_error(error)
         assert b"Traceback" not in answer and not rig.sim.requests
+    finally:
+        await rig.close()
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models"])
+async def test_the_admin_cookie_a_browser_holds_never_goes_upstream(env, path: str) -> None:
+    """A browser that opened the dashboard holds the admin token as a cookie for the proxy's whole origin and
+    sends it with any request there: on the rewritten routes and the passthrough ones alike, the upstream gets
+    the client's other cookies and never that one."""
+    rig = await keyed_rig(engine=True, server={"admin_token_env": "CP_TEST_ADMIN"})
+    try:
+        key = {"Authorization": f"Bearer {PROXY_KEYS[0]}"}
+        sent = [
+            (f"theme=dark; {ADMIN_COOKIE}={ADMIN_TOKEN}; lang=en", "theme=dark; lang=en"),
+            (f"{ADMIN_COOKIE}={ADMIN_TOKEN}", None),
+            ("theme=dark", "theme=dark"),
+        ]
+        for cookie, forwarded in sent:
+            async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as client:
+                headers = {**key, "Cookie": cookie}
+                if path == "/v1/models":
+                    request = client.get(rig.root + path, headers=headers)
+                else:
+                    request = client.post(rig.root + path, json=chat_body(PROMPT), headers=headers)
+                async with request as response:
+                    assert response.status == 200, await response.text()
+            seen = rig.sim.requests[-1]
+            assert seen.path == path and seen.headers.get("Cookie") == forwarded
+            assert ADMIN_TOKEN not in str(dict(seen.headers)) and ADMIN_TOKEN not in seen.raw.decode()
     finally:
         await rig.close()

@@ -21,6 +21,7 @@ from yarl import URL
 from proxy.config.loader import ConfigHolder
 from proxy.errors import UpstreamError
 from proxy.metrics import METRICS
+from proxy.shell.access import ADMIN_COOKIE
 
 log = logging.getLogger("proxy.upstream")
 
@@ -56,6 +57,19 @@ def end_to_end(headers: Mapping[str, str], also_drop: frozenset[str] = frozenset
             continue
         out.add(name, value)
     return out
+
+
+def _without_admin_cookie(headers: CIMultiDict[str]) -> None:
+    """The proxy's admin cookie (`access.ADMIN_COOKIE`) taken out of the `Cookie` headers, the client's other
+    cookies kept: a browser that opened the dashboard sends the admin token with every request to the proxy."""
+    values = headers.getall("cookie", ())
+    if not any(ADMIN_COOKIE in value for value in values):
+        return
+    headers.popall("cookie")
+    for value in values:
+        kept = [pair for pair in value.split(";") if pair.split("=", 1)[0].strip() != ADMIN_COOKIE and pair.strip()]
+        if kept:
+            headers.add("Cookie", ";".join(kept).strip())
 
 
 def is_anthropic(tail: str, headers: Mapping[str, str]) -> bool:
@@ -160,6 +174,7 @@ class Upstream:
     ) -> CIMultiDict[str]:
         """End-to-end client headers, with the configured key in place of the client's if there is one."""
         headers = end_to_end(client_headers, _REQUEST_OWN)
+        _without_admin_cookie(headers)
         settings = self.holder.settings
         key_env = settings.anthropic.api_key_env if anthropic else settings.upstream.api_key_env
         if key_env:
