@@ -24,11 +24,12 @@ TURNS_TO_COME = 1.0
 # expired cache fund bets that lost more (`bench idle`: 1.076 of direct; 0.872 at 0.5, 0.25 no better).
 STAKE = 0.5
 # Beyond that stake, an edit may cost what it wins back on this many turns after it. 1: unless the
-# session ends on the very turn of the edit, its edits never bill it above no edits at all. The first
-# edit's allowance was one turn's whole bill until 24 sampled runs showed 3 ending before it was repaid
-# (1.006-1.011 of direct at d = 0.1); 2 to 8 turns bill some trace above direct too (`bench epoch-rule`).
+# session ends on the very turn of the edit, its edits never bill it above no edits at all; if it does, by at
+# most `Policy.bet_overrun` of its direct bill so far. The first edit's allowance was one turn's whole bill
+# until 24 sampled runs showed 3 ending before it was repaid (1.006-1.011 of direct at d = 0.1); 2 to 8 turns
+# bill some trace above direct too (`bench epoch-rule`).
 REPAY_TURNS = 1.0
-# The shipped cap on a bet on the turns the agent's history assures (`Policy.bet_overrun`, where it is explained).
+# The shipped cap on a costly edit's bet (`Policy.bet_overrun`, where it is explained).
 BEHIND = Policy.bet_overrun
 
 # One block of a request as the cache sees it: its exact bytes and its tokens.
@@ -70,7 +71,11 @@ def expected_turns_to_come(turns_so_far: int, lifetimes: Lifetimes = NO_HISTORY)
 
 def epoch_cost(discount: float, tokens_after: int, first_changed: int, freed: int, write: float = 1.0) -> float:
     """Extra billed tokens this turn: the rewritten tail at the write price `write` (Anthropic: 1.25, 2 for 1 h;
-    else 1, the input price) instead of the cached one, less the freed tokens' cached price: (w - d)(L - p) - dF."""
+    else 1, the input price) instead of the cached one, less the freed tokens' cached price: (w - d)(L - p) - dF.
+
+    `tokens_after` (L) is where what the cache held ends once edited: the turn's new messages are billed in full
+    with or without the edit (SPEC §3 takes L as the whole prompt, which prices every epoch (w - d) x the turn's
+    new tokens too high; `steps/clear.py` passes the end of the cached part, but for a marked cache)."""
     return (write - discount) * max(0, tokens_after - first_changed) - discount * freed
 
 
@@ -131,19 +136,21 @@ def within_budget(
     `first_turn` this request's bill as the client wrote it when the edit is the session's first (else 0),
     of which it may bet `risk_turns` (`Policy.first_edit_risk_turns`).
 
-    An edit that frees more than its rewrite costs is always made. One that costs more may stake
-    `STAKE` of the savings the session's edits have banked, plus what it wins back by the
-    `REPAY_TURNS` turns after it: with no risk, a session that goes on for one more turn has lost at
-    most the stake, so its edits keep it at or under no edits at all. Where the agent's history says all but
-    `survival.RISK` of its sessions that lasted this long went on for `assured_turns` more, it may cost what
-    it wins back by then, as long as the session, were it to end on this turn, would be at most `behind`
+    An edit that frees more than its rewrite costs is always made, and so is one within `STAKE` of the
+    savings the session's edits have banked (it stays ahead whatever comes). Beyond that it bets on the
+    session going on: it may cost what it wins back by the `REPAY_TURNS` turns after it, or, where the agent's
+    history says all but `survival.RISK` of its sessions that lasted this long went on for `assured_turns`
+    more, by then; either way only while the session, were it to end on this turn, would be at most `behind`
     (`Policy.bet_overrun`) of `direct` (the client's requests' bill so far, this one's included) above it.
+    `risk_turns` of the first turn's bill (with the next turn's saving) is the operator's own bet, not capped.
     """
     risk = risk_turns * first_turn if first_turn > 0 else 0.0
     stake = STAKE * max(0.0, banked)
-    if cost <= stake + REPAY_TURNS * per_turn + risk:
+    if cost <= stake or (risk > 0 and cost <= stake + risk + REPAY_TURNS * per_turn):
         return True
-    return cost <= stake + assured_turns * per_turn and cost <= banked + behind * direct
+    if cost > banked + behind * direct:  # were the session to end now, it would bill too far above direct
+        return False
+    return cost <= stake + max(REPAY_TURNS, assured_turns) * per_turn
 
 
 def cached_prefix(previous: Sequence[Block], current: Sequence[Block]) -> int:

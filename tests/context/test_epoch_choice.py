@@ -54,15 +54,27 @@ def test_without_caching_the_first_epoch_clears_from_the_oldest_output(real_coun
 
 
 def test_an_edit_that_costs_more_than_it_frees_stakes_half_of_what_was_banked_and_its_next_turns_saving():
+    far = 1e9  # a direct bill so far that caps nothing
     assert within_budget(-50.0, banked=0.0, per_turn=0.0)  # frees more than it rewrites: always
-    assert within_budget(90.0, banked=0.0, per_turn=100.0)  # won back on the next turn
-    assert not within_budget(110.0, banked=0.0, per_turn=100.0)
-    assert within_budget(1100.0, banked=2000.0, per_turn=100.0)  # half the 2000 banked, and the next turn
-    assert not within_budget(1101.0, banked=2000.0, per_turn=100.0)
-    assert not within_budget(110.0, banked=-5000.0, per_turn=100.0) and within_budget(100.0, -5000.0, 100.0)
+    assert within_budget(90.0, banked=0.0, per_turn=100.0, direct=far)  # won back on the next turn
+    assert not within_budget(110.0, banked=0.0, per_turn=100.0, direct=far)
+    assert within_budget(1100.0, banked=2000.0, per_turn=100.0, direct=far)  # half the 2000 banked, the next turn
+    assert not within_budget(1101.0, banked=2000.0, per_turn=100.0, direct=far)
+    assert within_budget(1000.0, banked=2000.0, per_turn=0.0)  # within the stake: no cap, the session stays ahead
+    assert not within_budget(110.0, banked=-5000.0, per_turn=100.0, direct=far)
+    assert within_budget(100.0, -5000.0, 100.0, direct=far)
     assert within_budget(1100.0, banked=0.0, per_turn=100.0, first_turn=1000.0, risk_turns=1.0)  # a first edit's bet
     assert not within_budget(1100.0, banked=0.0, per_turn=100.0, first_turn=1000.0)  # ... when the policy allows it
     assert within_budget(-50.0, banked=0.0, per_turn=0.0, first_turn=0.0, risk_turns=float("inf"))  # not a first edit
+
+
+def test_an_edit_won_back_on_the_next_turn_is_capped_by_the_sessions_direct_bill_so_far_too():
+    """Were the session to end on the edit's turn, it would bill `cost - banked` above direct: at most `BEHIND`
+    of its direct bill so far (issue 27: no session above 1.02 of direct), whatever the next turn would win."""
+    assert within_budget(90.0, banked=0.0, per_turn=100.0, direct=90.0 / BEHIND)
+    assert not within_budget(90.0, banked=0.0, per_turn=100.0, direct=89.0 / BEHIND)
+    assert not within_budget(90.0, banked=0.0, per_turn=100.0)  # no direct bill yet: no bet
+    assert within_budget(90.0, banked=50.0, per_turn=100.0, direct=40.0 / BEHIND)  # what was banked counts
 
 
 def test_a_bet_on_the_turns_the_history_assures_is_capped_by_the_sessions_direct_bill_so_far():

@@ -80,32 +80,37 @@ class Clearing:
         banked, risk_turns = draft.journal.banked, draft.policy.first_edit_risk_turns
         assured, direct, overrun = draft.assured_turns(), draft.direct_so_far(), draft.policy.bet_overrun
 
-        def value(freed: int, first: int, grown: int = 0) -> float:
-            """The net saving expected of freeing `freed` tokens from token `first` on, or -1 when the edit
-            costs more this turn than the budget allows (`economics.within_budget`), counting the `grown`
-            tokens compacted outputs pointing into the cleared ones stand whole again by."""
-            after = total - freed
-            net = freed - grown
-            cost = epoch_cost(d, after + grown, first, net, w)
-            per_turn = epoch_saving(d, net, 1.0)
-            if not within_budget(cost, banked, per_turn, first_turn, risk_turns, assured, direct, overrun):
-                return -1.0
-            return epoch_value(
-                discount=d,
-                tokens_after=after,
-                first_changed=first,
-                freed=freed,
-                turns_so_far=turns,
-                write=w,
-                lifetimes=draft.lifetimes,
-            )
-
         floor = _frontier(draft, out) if draft.model.marked_cache else None
 
         def position(j: int) -> int:
             """The token position where the rewrite of an edit at output message `j` starts: the message's own
             (the tools schema comes first), or the frontier's, where a marked cache can read no further."""
             return draft.fixed - REPLY_PRIMING + sum(counts[: j if floor is None else min(j, floor)])
+
+        # The turn's new messages are billed in full with or without the edit: it re-bills what the cache held, up
+        # to where they start (a marked cache reads no further than its frontier: there, the whole tail).
+        new = next((j for j in draft.where[draft.first_new :] if j >= 0), len(out))
+        cached = total if floor is not None else position(new)
+
+        def value(freed: int, first: int, grown: int = 0) -> float:
+            """The net saving expected of freeing `freed` tokens from token `first` on, or -1 when the edit
+            costs more this turn than the budget allows (`economics.within_budget`), counting the `grown`
+            tokens compacted outputs pointing into the cleared ones stand whole again by."""
+            net = freed - grown
+            end = cached - freed  # where the re-billed part of the request ends, the edit made
+            cost = epoch_cost(d, end + grown, first, net, w)
+            per_turn = epoch_saving(d, net, 1.0)
+            if not within_budget(cost, banked, per_turn, first_turn, risk_turns, assured, direct, overrun):
+                return -1.0
+            return epoch_value(
+                discount=d,
+                tokens_after=end,
+                first_changed=first,
+                freed=freed,
+                turns_so_far=turns,
+                write=w,
+                lifetimes=draft.lifetimes,
+            )
 
         if not forced and value(freed, position(draft.where[newest])) <= 0:
             draft.held_back = freed
