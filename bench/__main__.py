@@ -262,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--behind",
         type=float,
-        help="fleet: [policy] bet_overrun for this run (the cap on a costly edit's bet, shipped 0.02): how far above "
-        "its direct bill so far a session ending on an edit's turn may be",
+        help="fleet: [policy] bet_overrun for this run (the cap on a bet on the agent's history, shipped 0.1): how far "
+        "above its direct bill so far a session ending on an edit's turn may be",
     )
     parser.add_argument(
         "--setting",

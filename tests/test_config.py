@@ -100,7 +100,7 @@ def test_a_bet_that_is_negative_or_not_finite_is_refused_in_a_session_file(
 def test_a_session_file_sets_the_bet_overrun(config_dir: Path) -> None:
     (config_dir / "sessions" / "bets.toml").write_text('match = ["fleet-*"]\n[policy]\nbet_overrun = 0.2\n')
     settings = load_settings(config_dir / "proxy.toml")
-    assert settings.policy.bet_overrun == 0.02 and settings.policy_for("fleet-1")[0].bet_overrun == 0.2
+    assert settings.policy.bet_overrun == 0.1 and settings.policy_for("fleet-1")[0].bet_overrun == 0.2
 
 
 def test_a_session_file_turns_compaction_off_and_a_string_for_it_is_refused(config_dir: Path) -> None:

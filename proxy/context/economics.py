@@ -29,6 +29,9 @@ STAKE = 0.5
 # until 24 sampled runs showed 3 ending before it was repaid (1.006-1.011 of direct at d = 0.1); 2 to 8 turns
 # bill some trace above direct too (`bench epoch-rule`).
 REPAY_TURNS = 1.0
+# How far a bet on the next turn alone may leave a session behind its direct bill so far, were it to end on the
+# edit's turn: issue 27's "no session above 1.02 of direct", for an agent with no history too.
+NEXT_TURN_BEHIND = 0.02
 # The shipped cap on a costly edit's bet (`Policy.bet_overrun`, where it is explained).
 BEHIND = Policy.bet_overrun
 
@@ -148,9 +151,12 @@ def within_budget(
     stake = STAKE * max(0.0, banked)
     if cost <= stake or (risk > 0 and cost <= stake + risk + REPAY_TURNS * per_turn):
         return True
-    if cost > banked + behind * direct:  # were the session to end now, it would bill too far above direct
-        return False
-    return cost <= stake + max(REPAY_TURNS, assured_turns) * per_turn
+    # Were the session to end on this turn, it would bill `cost - banked` above direct: a bet on the next turn
+    # alone may leave it `NEXT_TURN_BEHIND` of its direct bill so far behind, one on the turns the history assures
+    # `behind`.
+    if cost <= stake + REPAY_TURNS * per_turn and cost <= banked + min(behind, NEXT_TURN_BEHIND) * direct:
+        return True
+    return cost <= stake + assured_turns * per_turn and cost <= banked + behind * direct
 
 
 def cached_prefix(previous: Sequence[Block], current: Sequence[Block]) -> int:

@@ -84,16 +84,14 @@ class Policy:
     # requests as they were, unless it ends on an edit's turn. 1 saves more with cheap caching (d = 0.1:
     # 0.91 of direct, not 0.99, on 31 traces) but billed 3 of them up to 1.011 of direct (`bench epoch-rule`).
     first_edit_risk_turns: float = 0.0
-    # A costly edit may bet on the session going on (winning its cost back on the next turn, or on the turns
-    # nearly every finished session of its agent outlasted: `survival.assured_turns`) only while the session,
-    # were it to end on the edit's turn, stays within this share of its direct bill so far
-    # (`economics.within_budget`). 0.02: issue 27's "no session above 1.02 of direct", by the engine's counts,
-    # which since an epoch's re-billed tail stops where the turn's new messages start match the simulated
-    # bill (BENCHMARKS.md, "An epoch priced by what the cache held"). The bets it holds back: `bench fleet`
-    # d = 0.1 tuned at 0.015 (before that) 0.969 of direct, 0.916 at 0.1, 0.905 at 0.2, 0.903 without a cap,
-    # and the higher caps bill sessions that end early above direct (held out: up to 1.04; Claude Code style
-    # up to 1.06).
-    bet_overrun: float = 0.02
+    # A costly edit may bet on the turns nearly every finished session of its agent outlasted
+    # (`survival.assured_turns`) only while the session, were it to end on the edit's turn, stays within this
+    # share of its direct bill so far (`economics.within_budget`; a bet on the next turn alone, history or not,
+    # within `economics.NEXT_TURN_BEHIND`, 0.02). 0.1: `bench fleet` d = 0.1 0.895 of direct tuned, 0.861 held
+    # out, no run above 1.010 (0.02: 0.954 / 0.898; 0.05: 0.937 / 0.888; 0.2: 0.888 / 0.873, 1.010), once an
+    # epoch's re-billed tail stops where the turn's new messages start (BENCHMARKS.md, "An epoch priced by what
+    # the cache held"); by construction a session that stops on a bet's turn may end this share above direct.
+    bet_overrun: float = 0.1
     # A session with no request for this long counts as finished: its length joins its agent's history, by
     # which later sessions' edits are priced (`survival`). 1800: an agent's requests come seconds to minutes
     # apart (a long test run, a person reading a reply); after half an hour the prompt cache is cold anyway

@@ -7,7 +7,7 @@ import pytest
 
 from bench.quality import held_out
 from proxy.context.clearing import PLACEHOLDER
-from proxy.context.economics import BEHIND, bill, cached_prefix, within_budget
+from proxy.context.economics import BEHIND, NEXT_TURN_BEHIND, bill, cached_prefix, within_budget
 from proxy.context.journal import Journal
 from proxy.context.pipeline import process
 from proxy.context.policy import Policy
@@ -69,12 +69,15 @@ def test_an_edit_that_costs_more_than_it_frees_stakes_half_of_what_was_banked_an
 
 
 def test_an_edit_won_back_on_the_next_turn_is_capped_by_the_sessions_direct_bill_so_far_too():
-    """Were the session to end on the edit's turn, it would bill `cost - banked` above direct: at most `BEHIND`
-    of its direct bill so far (issue 27: no session above 1.02 of direct), whatever the next turn would win."""
-    assert within_budget(90.0, banked=0.0, per_turn=100.0, direct=90.0 / BEHIND)
-    assert not within_budget(90.0, banked=0.0, per_turn=100.0, direct=89.0 / BEHIND)
+    """Were the session to end on the edit's turn, it would bill `cost - banked` above direct: at most
+    `NEXT_TURN_BEHIND` of its direct bill so far (issue 27: no session above 1.02 of direct, with no history too),
+    whatever the next turn would win."""
+    assert NEXT_TURN_BEHIND == 0.02
+    assert within_budget(90.0, banked=0.0, per_turn=100.0, direct=90.0 / NEXT_TURN_BEHIND)
+    assert not within_budget(90.0, banked=0.0, per_turn=100.0, direct=89.0 / NEXT_TURN_BEHIND)
     assert not within_budget(90.0, banked=0.0, per_turn=100.0)  # no direct bill yet: no bet
-    assert within_budget(90.0, banked=50.0, per_turn=100.0, direct=40.0 / BEHIND)  # what was banked counts
+    assert within_budget(90.0, banked=50.0, per_turn=100.0, direct=40.0 / NEXT_TURN_BEHIND)  # what was banked counts
+    assert not within_budget(90.0, banked=0.0, per_turn=100.0, direct=89.0 / NEXT_TURN_BEHIND, behind=0.01)  # tighter
 
 
 def test_a_bet_on_the_turns_the_history_assures_is_capped_by_the_sessions_direct_bill_so_far():
@@ -89,11 +92,11 @@ def test_with_a_history_edits_bet_on_it_and_no_session_falls_more_than_behind_di
     """An agent with the lengths of these very runs as its history (what `bench fleet`'s tuned pass knows):
     costly clearings bet on the turns it assures and save more at d = 0.1 than with no history; whenever a
     session ends, by the engine's own counts its edits have cost it at most `bet_overrun` (`BEHIND` by
-    default) of its direct bill so far (and a little more on the turn an epoch's estimate was short). A higher
-    `bet_overrun` lets more bets through: more saved over the runs, more risked on each."""
+    default) of its direct bill so far (and a little more on the turn an epoch's estimate was short). A lower
+    `bet_overrun` lets fewer bets through: less saved over the runs, less risked on each."""
     traces = [load(name) for name in [*TRACE_NAMES, *held_out("sample_a")]]
     long = Lifetimes.of([len(list(turns(trace))) for trace in traces])
-    billed = {(NO_HISTORY, BEHIND): 0.0, (long, BEHIND): 0.0, (long, 0.2): 0.0}
+    billed = {(NO_HISTORY, BEHIND): 0.0, (long, BEHIND): 0.0, (long, NEXT_TURN_BEHIND): 0.0}
     for trace in traces:
         name = trace.name
         for lifetimes, overrun in billed:
@@ -107,8 +110,9 @@ def test_with_a_history_edits_bet_on_it_and_no_session_falls_more_than_behind_di
                 sent.append(_blocks(out.messages, trace.tools or [], real_counter))
                 assert journal.banked >= -(overrun + 0.0025) * journal.direct, f"{name}: {journal.banked:.0f} banked"
             billed[lifetimes, overrun] += bill(sent, 0.1).billed
-    assert billed[long, BEHIND] < billed[NO_HISTORY, BEHIND]  # 0.998 of it: the cap holds most bets back
-    assert billed[long, 0.2] < 0.97 * billed[long, BEHIND]
+    ratios = (billed[long, BEHIND] / billed[NO_HISTORY, BEHIND], billed[long, BEHIND] / billed[long, NEXT_TURN_BEHIND])
+    # 0.934, 0.946: the history's bets save, and a tighter cap holds them back
+    assert ratios[0] < 0.95 and ratios[1] < 0.97, ratios
 
 
 def _turn_bills(requests: list[list], counter, tools, discount: float) -> list[float]:
