@@ -120,6 +120,8 @@ def _row(trace: Trace, direct: Replay, proxied: Replay, d: float, sent: list[lis
         "proxy": proxied.billed(d),
         "evidence": scored.evidence if scored else 0,
         "lost": scored.lost if scored else 0,
+        "scored": scored.turns if scored else 0,
+        "lost3": scored.lost3 if scored else 0,  # of them, turns whose next message lost 3 or more tokens
     }
 
 
@@ -151,6 +153,7 @@ def render(result: dict[str, Any]) -> str:
         direct, proxy = sum(r["direct"] for r in rows), sum(r["proxy"] for r in rows)
         worst = max(rows, key=lambda r: r["proxy"] / max(1.0, r["direct"]))
         evidence, lost = sum(r.get("evidence", 0) for r in rows), sum(r.get("lost", 0) for r in rows)
+        scored, lost3 = sum(r.get("scored", 0) for r in rows), sum(r.get("lost3", 0) for r in rows)
         summary.append(
             [
                 set_name,
@@ -159,9 +162,11 @@ def render(result: dict[str, Any]) -> str:
                 worst["trace"],
                 worst["proxy"] / max(1.0, worst["direct"]),
                 f"{lost / evidence:.3f}" if evidence else "-",
+                f"{lost3 / scored:.1%}" if scored else "-",
             ]
         )
-    lines.append(table(["set", "runs", "proxy/direct", "worst run", "its proxy/direct", "lost (128k)"], summary))
+    headers = ["set", "runs", "proxy/direct", "worst run", "its proxy/direct", "lost (128k)", "turns losing 3+"]
+    lines.append(table(headers, summary))
     for set_name, rows in result["sets"].items():
         lines.append(f"\n{set_name}")
         body = [
