@@ -143,8 +143,10 @@ def within_budget(
     savings the session's edits have banked (it stays ahead whatever comes). Beyond that it bets on the
     session going on: it may cost what it wins back by the `REPAY_TURNS` turns after it, or, where the agent's
     history says all but `survival.RISK` of its sessions that lasted this long went on for `assured_turns`
-    more, by then; either way only while the session, were it to end on this turn, would be at most `behind`
-    (`Policy.bet_overrun`) of `direct` (the client's requests' bill so far, this one's included) above it.
+    more, by then; either way only while the session, were it to end on this turn, would be at most so much of
+    `direct` (the client's requests' bill so far, this one's included) above it: `NEXT_TURN_BEHIND` for a bet
+    on the next turn, `behind` (`Policy.bet_overrun`) for one on the history's turns (the lesser of the two
+    for both, when `behind` is the lesser).
     `risk_turns` of the first turn's bill (with the next turn's saving) is the operator's own bet, not capped.
     """
     risk = risk_turns * first_turn if first_turn > 0 else 0.0
