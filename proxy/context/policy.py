@@ -81,8 +81,9 @@ class Policy:
     soft_budget_tokens: int = 0
     # Turns' input a session's first edit that costs more than it frees may risk, beyond what it wins back
     # on the next turn (`economics.within_budget`). 0: edits never bill a session above sending its
-    # requests as they were, unless it ends on an edit's turn. 1 saves more with cheap caching (d = 0.1:
-    # 0.91 of direct, not 0.99, on 31 traces) but billed 3 of them up to 1.011 of direct (`bench epoch-rule`).
+    # requests as they were, unless it ends on an edit's turn (then by at most 0.02 of it). 1 saves more with
+    # cheap caching (d = 0.1: 0.91 of direct, not 0.99, on 31 traces) but billed 3 of them up to 1.011 of direct
+    # (`bench epoch-rule`).
     first_edit_risk_turns: float = 0.0
     # A costly edit may bet on the turns nearly every finished session of its agent outlasted
     # (`survival.assured_turns`) only while the session, were it to end on the edit's turn, stays within this
