@@ -94,7 +94,8 @@ class Draft:
 
     def direct_so_far(self) -> float:
         """What the client's requests would have billed so far, this one's included: what a bet is read against."""
-        return self.journal.direct + self.direct_bill()
+        fits = self.total(self.journal.tokens) <= self.usable  # else the upstream would refuse it: no bill to count
+        return self.journal.direct + (self.direct_bill() if fits else 0.0)
 
     def emitted(self, i: int) -> Message | None:
         """What the journal's decision sends for client message `i` (None when dropped); an edited content made

@@ -188,9 +188,11 @@ class Journal:
     recall: RecallIndex = field(default_factory=RecallIndex)  # what was removed, for live recall misses
     # Billed input tokens the edits have saved this session so far, by our own counts (negative: they
     # cost more than they saved): what an edit that does not pay at once may spend (`economics.within_budget`).
+    # A turn whose request, sent as the client wrote it, the upstream would refuse (over the window) saves nothing
+    # against it: what the window forced is no saving a bet may spend (issue 27: Codex at 32k, $0.3305 -> $0.2780).
     banked: float = 0.0
-    # Billed input tokens the client's own requests would have cost so far (each turn's `Draft.direct_bill`): what
-    # `banked` is read against, so a bet on the turns to come never leaves the session far behind direct.
+    # Billed input tokens the client's own requests would have cost so far (each turn's `Draft.direct_bill`, but for
+    # those over the window): what `banked` is read against, so a bet never leaves the session far behind direct.
     direct: float = 0.0
     # The `_weight` of every decision, kept as decisions change (`decide`), so `approx_bytes` walks nothing.
     edit_bytes: int = 0

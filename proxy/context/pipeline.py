@@ -151,8 +151,9 @@ def process(
             else Overflow(draft.usable, report.tokens_after, 0)  # max_tokens is no part of it: the prompt is too long
         )
         return Outcome(out, journal, report, overflow, sources)
-    state.banked += _turn_saving(draft, counts, report.first_changed)
-    state.direct += draft.direct_bill()
+    if not report.over_window:  # sent as the client wrote it, the upstream would refuse it: nothing to save against
+        state.banked += _turn_saving(draft, counts, report.first_changed)
+        state.direct += draft.direct_bill()
     report.banked = round(state.banked, 1)
     state.record(report)
     state.edited = draft.carry()
