@@ -59,6 +59,9 @@ class Draft:
     # request is written in full whatever we send, so an edit re-bills nothing and any edit that frees pays.
     cold: bool = False
     held_back: int = 0  # tokens a clearing could free this turn (at most) that it does not free: it does not pay yet
+    # The client's request does not fit the usable window: sent as written, the upstream would refuse it, so it
+    # has no direct bill to save against (`direct_so_far`, the session's bank). Set by the pipeline once a turn.
+    over_window: bool = False
     # How long the agent's finished sessions lasted: what an edit's turns to come are priced by (`economics`).
     lifetimes: Lifetimes = NO_HISTORY
     # The last turn's edited contents, good for client messages before `reusable` (`EditedContents.reusable`),
@@ -94,8 +97,7 @@ class Draft:
 
     def direct_so_far(self) -> float:
         """What the client's requests would have billed so far, this one's included: what a bet is read against."""
-        fits = self.total(self.journal.tokens) <= self.usable  # else the upstream would refuse it: no bill to count
-        return self.journal.direct + (self.direct_bill() if fits else 0.0)
+        return self.journal.direct + (0.0 if self.over_window else self.direct_bill())
 
     def emitted(self, i: int) -> Message | None:
         """What the journal's decision sends for client message `i` (None when dropped); an edited content made

@@ -115,7 +115,7 @@ def process(
     deduped, compacted = _record(draft, digests, compaction)
     out, counts = draft.render()
     report = TurnReport(turn=state.turn + 1, tokens_before=draft.total(state.tokens), tokens_after=0, deduped=deduped)
-    report.over_window = report.tokens_before > draft.usable
+    report.over_window = draft.over_window = report.tokens_before > draft.usable
     report.recall_missed, report.reruns = observe_newest(draft, out)
     compacted_at = None  # the output index of last request's newest message, when it is compacted now
     if (newest := compaction.after_newest(draft)) is not None:
