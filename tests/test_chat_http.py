@@ -220,8 +220,8 @@ async def test_sessions_beyond_max_sessions_are_evicted_oldest_first(tmp_path: P
 async def test_metrics_are_per_policy_never_per_session(rig: Rig, sim: Any) -> None:
     before = turn_metrics.TOKENS_BEFORE.value(policy="agents")
     epochs = turn_metrics.EPOCHS.value(policy="agents")
-    history = agent_turns(16)
-    for n in range(1, 17):
+    history = agent_turns(24)
+    for n in range(1, 25):
         await ask(rig, history[: 2 + 2 * n], extra_headers={"X-Session-Id": "agent-metrics"})
     assert turn_metrics.TOKENS_BEFORE.value(policy="agents") > before
     assert turn_metrics.EPOCHS.value(policy="agents") > epochs

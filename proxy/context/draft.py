@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from proxy.context.economics import billed_input
+from proxy.context.economics import billed_input, within_budget
 from proxy.context.fitting import omission_note
 from proxy.context.journal import (
     AS_SENT,
@@ -98,6 +98,19 @@ class Draft:
     def direct_so_far(self) -> float:
         """What the client's requests would have billed so far, this one's included: what a bet is read against."""
         return self.journal.direct + (0.0 if self.over_window else self.direct_bill())
+
+    def budget(self) -> Callable[[float, float], bool]:
+        """`economics.within_budget` with this session's figures (its bank, the first turn's bill while no edit was
+        made, its agent's history, its direct bill so far): given an edit's cost this turn and what it saves on
+        each turn after, whether the edit may be made."""
+        banked, risk_turns, behind = self.journal.banked, self.policy.first_edit_risk_turns, self.policy.bet_overrun
+        first_turn = 0.0 if self.journal.epochs else self.direct_bill()  # what a first edit may bet a share of
+        assured, direct = self.assured_turns(), self.direct_so_far()
+
+        def allows(cost: float, per_turn: float) -> bool:
+            return within_budget(cost, banked, per_turn, first_turn, risk_turns, assured, direct, behind)
+
+        return allows
 
     def emitted(self, i: int) -> Message | None:
         """What the journal's decision sends for client message `i` (None when dropped); an edited content made

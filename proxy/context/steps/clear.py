@@ -9,7 +9,7 @@ from proxy.context import stubs
 from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER, ClearPlan, ClearToolOutputs, is_cleared
 from proxy.context.compact import decode, encode, sources_of
 from proxy.context.draft import Draft
-from proxy.context.economics import epoch_cost, epoch_saving, epoch_value, within_budget
+from proxy.context.economics import epoch_cost, epoch_saving, epoch_value
 from proxy.context.journal import AS_SENT, CLEARED, COMPACTED, DEDUPED, DROPPED, Decision, TurnReport
 from proxy.context.messages import Message, content_text, is_tool_output, message_ids, newest
 from proxy.context.policy import ClearPolicy
@@ -76,9 +76,7 @@ class Clearing:
         total = draft.total(counts)
         turns = draft.replies()
         d, w = draft.discount, draft.model.write_factor
-        first_turn = 0.0 if draft.journal.epochs else draft.direct_bill()  # what a first edit may bet a share of
-        banked, risk_turns = draft.journal.banked, draft.policy.first_edit_risk_turns
-        assured, direct, overrun = draft.assured_turns(), draft.direct_so_far(), draft.policy.bet_overrun
+        allows = draft.budget()
 
         floor = _frontier(draft, out) if draft.model.marked_cache else None
 
@@ -100,7 +98,7 @@ class Clearing:
             end = cached - freed  # where the re-billed part of the request ends, the edit made
             cost = epoch_cost(d, end + grown, first, net, w)
             per_turn = epoch_saving(d, net, 1.0)
-            if not within_budget(cost, banked, per_turn, first_turn, risk_turns, assured, direct, overrun):
+            if not allows(cost, per_turn):
                 return -1.0
             return epoch_value(
                 discount=d,
