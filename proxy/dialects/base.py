@@ -74,6 +74,8 @@ class Conversation:
     # The body's own messages it was mapped from (Messages): a later body's equal messages take their engine
     # messages from here (`Dialect.conversation`'s `previous`). Never changed.
     made_from: Sequence[Any] = ()
+    # Some message carries a sealed part (`opaque`'s `sealed`): what the upstream bills for it is learned (Responses).
+    sealed: bool = False
 
 
 def retention_ttl(body: Mapping[str, Any]) -> int | None:
@@ -98,10 +100,28 @@ def group_digest(value: Any) -> bytes:
     return hashlib.sha256(canonical_bytes(value)).digest()[:16]
 
 
-def opaque(text: str, tokens: int = 0) -> list[dict[str, Any]]:
+def opaque(text: str, tokens: int = 0, sealed: int = 0) -> list[dict[str, Any]]:
     """Content the engine counts by `text` but never edits (reasoning, thinking, a cached system prompt),
-    plus `tokens` it cannot read but the model will (a sealed reasoning blob's estimate)."""
-    return [{"type": "opaque", "text": text, "tokens": tokens} if tokens else {"type": "opaque", "text": text}]
+    plus `tokens` it cannot read but the model will (images' count, or a sealed reasoning blob's estimate: then
+    `sealed` is the estimate before its learned scale, `Calibration.sealed_scale`)."""
+    part: dict[str, Any] = {"type": "opaque", "text": text}
+    if tokens:
+        part["tokens"] = tokens
+    if sealed:
+        part["sealed"] = sealed
+    return [part]
+
+
+def sealed_parts(messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """The tokens the messages' sealed parts are counted at, and their estimate before its scale."""
+    counted = unscaled = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("sealed"):
+                    counted, unscaled = counted + part.get("tokens", 0), unscaled + part["sealed"]
+    return counted, unscaled
 
 
 MEDIA = "media"  # an engine content part standing for images and files: no text, only the tokens they are billed
@@ -149,11 +169,16 @@ class Dialect(Protocol):
         ...
 
     def conversation(
-        self, body: Mapping[str, Any], digests: list[bytes] | None = None, previous: Sequence[Conversation] = ()
+        self,
+        body: Mapping[str, Any],
+        digests: list[bytes] | None = None,
+        previous: Sequence[Conversation] = (),
+        sealed_scale: float = 1.0,
     ) -> Conversation:
         """The engine's view of the request; `digests`, when the shell has them, are its messages' digests;
         `previous`, conversations this body may continue (the same client and session name's last ones): a dialect
-        may take the engine messages of a message equal to one they were made from instead of mapping it again."""
+        may take the engine messages of a message equal to one they were made from instead of mapping it again;
+        `sealed_scale`, what the upstream bills per token we estimate in a sealed blob (`Calibration.sealed_scale`)."""
         ...
 
     def render(

@@ -68,7 +68,11 @@ class ChatDialect(OpenAIWords):
         return None
 
     def conversation(
-        self, body: Mapping[str, Any], digests: list[bytes] | None = None, previous: Sequence[Conversation] = ()
+        self,
+        body: Mapping[str, Any],
+        digests: list[bytes] | None = None,
+        previous: Sequence[Conversation] = (),
+        sealed_scale: float = 1.0,  # no sealed parts in this API
     ) -> Conversation:
         messages = body["messages"]
         if digests is None or len(digests) != len(messages):

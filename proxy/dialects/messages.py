@@ -214,7 +214,11 @@ class MessagesDialect:
         return f"unmodelled: {where}" if where else None
 
     def conversation(
-        self, body: Mapping[str, Any], digests: list[bytes] | None = None, previous: Sequence[Conversation] = ()
+        self,
+        body: Mapping[str, Any],
+        digests: list[bytes] | None = None,
+        previous: Sequence[Conversation] = (),
+        sealed_scale: float = 1.0,  # no sealed parts in this API
     ) -> Conversation:
         messages: list[Message] = []
         groups: list[tuple[int, list[int]]] = []

@@ -125,11 +125,18 @@ def _countable(item: Mapping[str, Any]) -> str:
 
 
 def _sealed_tokens(items: Sequence[Mapping[str, Any]]) -> int:
-    """Our estimate of the reasoning tokens sealed in the items' `encrypted_content`: the upstream bills the
-    reasoning the blob carries, not the blob's own characters (base64 of ciphertext counts several times more
-    tokens than the text it seals). Usage calibration corrects what the estimate misses."""
+    """Our estimate of the reasoning tokens sealed in the items' `encrypted_content`, before its learned scale:
+    the upstream may bill the reasoning the blob carries rather than the blob's own characters (base64 of ciphertext
+    counts several times more tokens than the text it seals). What it does bill is learned from usage
+    (`Calibration.sealed_scale`): a blob is counted at this estimate times that scale."""
     blobs = [item.get("encrypted_content") for item in items if _type(item) == "reasoning"]
     return sum(len(blob) // SEALED_CHARS_PER_TOKEN for blob in blobs if isinstance(blob, str))
+
+
+def _said(items: Sequence[Mapping[str, Any]], scale: float) -> list[dict[str, Any]]:
+    """Reasoning and text the engine counts but never edits, a sealed blob at its scaled estimate."""
+    sealed = _sealed_tokens(items)
+    return opaque("\n".join(map(_countable, items)), round(sealed * scale), sealed)
 
 
 def _call(item: Mapping[str, Any]) -> dict[str, Any]:
@@ -143,16 +150,16 @@ def _call(item: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _message(group: Group) -> Message:
-    """The engine message a group of items stands for."""
+def _message(group: Group, scale: float = 1.0) -> Message:
+    """The engine message a group of items stands for (`scale`: `_said`'s)."""
     items = group.items
     calls = [item for item in items if _is_call(item)]
     if calls:
         said = [item for item in items if not _is_call(item)]  # its reasoning and text: counted, never edited
-        content = opaque("\n".join(map(_countable, said)), _sealed_tokens(said)) if said else None
+        content = _said(said, scale) if said else None
         return {"role": "assistant", "content": content, "tool_calls": [_call(item) for item in calls]}
     if group.editable < 0:
-        return {"role": "assistant", "content": opaque("\n".join(map(_countable, items)), _sealed_tokens(items))}
+        return {"role": "assistant", "content": _said(items, scale)}
     item = items[group.editable]
     if _is_output(item):
         output = item.get("output")
@@ -258,7 +265,11 @@ class ResponsesDialect(OpenAIWords):
         return None if body.get("input") else "no_input"
 
     def conversation(
-        self, body: Mapping[str, Any], digests: list[bytes] | None = None, previous: Sequence[Conversation] = ()
+        self,
+        body: Mapping[str, Any],
+        digests: list[bytes] | None = None,
+        previous: Sequence[Conversation] = (),
+        sealed_scale: float = 1.0,
     ) -> Conversation:
         groups: list[Group] = []
         instructions = body.get("instructions")
@@ -277,7 +288,7 @@ class ResponsesDialect(OpenAIWords):
                 messages.append(prior.messages[j])
                 digests.append(prior.digests[j])
             else:
-                messages.append(self._message(group))
+                messages.append(self._message(group, sealed_scale))
                 digests.append(group_digest([group.kind, *group.items]))
         return Conversation(
             messages=messages,
@@ -288,16 +299,17 @@ class ResponsesDialect(OpenAIWords):
             groups=groups,
             cache_ttl_s=retention_ttl(body),
             made_from=made_from,
+            sealed=isinstance(items, list) and any(isinstance(i, dict) and i.get("encrypted_content") for i in items),
         )
 
     @staticmethod
-    def _message(group: Group) -> Message:
+    def _message(group: Group, sealed_scale: float) -> Message:
         if group.kind == "instructions":
             value = group.items[0]
             return {"role": "system", "content": value if group.editable == 0 else opaque(orjson.dumps(value).decode())}
         if group.kind == "text":
             return {"role": "user", "content": group.items[0]}
-        return _message(group)
+        return _message(group, sealed_scale)
 
     def render(
         self, body: Mapping[str, Any], conversation: Conversation, out: Sequence[Message], sources: Sequence[int]

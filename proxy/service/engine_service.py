@@ -207,7 +207,8 @@ class EngineService:
         settings = self.holder.settings
         scope = _scope(client, path_session, headers)
         previous = self.conversations.candidates(scope) if dialect is not CHAT else ()  # chat has its body memos
-        conversation = dialect.conversation(body, digests, previous)
+        scale = self.calibration.sealed_scale(str(body.get("model") or ""))  # the name `Conversation.model` takes
+        conversation = dialect.conversation(body, digests, previous, scale)
         if conversation.made_from:
             self.conversations.remember(scope, conversation)
         session_id = session_id_for(path_session, headers, hints, credential, conversation)

@@ -22,7 +22,7 @@ from proxy.context.policy import ModelInfo, Policy
 from proxy.context.steps import CutCache
 from proxy.context.survival import NO_HISTORY, Lifetimes
 from proxy.dialects import CHAT, Conversation, Dialect, Usage
-from proxy.dialects.base import writes_at
+from proxy.dialects.base import sealed_parts, writes_at
 from proxy.errors import ContextOverflow
 from proxy.metrics import METRICS, Series
 from proxy.service.sent_bodies import SentBodies
@@ -227,7 +227,9 @@ class EngineTurn:
         if usage is None or self.outcome is None or self.stats.prompt_tokens is not None:
             return
         model = self.inputs.model
-        self.calibration.learn(self.inputs.conversation.model, usage.prompt, self.estimate)
+        conversation = self.inputs.conversation
+        sealed = sealed_parts(self.outcome.messages) if conversation.sealed else (0, 0)
+        self.calibration.learn(conversation.model, usage.prompt, self.estimate, sealed)
         direct = self._direct_usage(usage, self.outcome.report)
         self.session.direct_prompt_tokens = direct.prompt
         stats = self.stats
