@@ -91,12 +91,17 @@ async def grow(rig: Rig, sim: Any) -> list[tuple[int, int, bool]]:
     raise AssertionError("the conversation never outgrew the window")
 
 
-async def test_at_a_cheap_cached_price_the_request_goes_whole_until_it_no_longer_fits(tmp_path: Path, sim: Any):
-    rig = await proxy_at(tmp_path, sim.url, cached=0.1)
+async def grown_at(tmp_path: Path, sim: Any, cached: float) -> list[tuple[int, int, bool]]:
+    """`grow` through a proxy whose model bills cached input at `cached` of the input price."""
+    rig = await proxy_at(tmp_path, sim.url, cached=cached)
     try:
-        seen = await grow(rig, sim)
+        return await grow(rig, sim)
     finally:
         await rig.close()
+
+
+async def test_at_a_cheap_cached_price_the_request_goes_whole_until_it_no_longer_fits(tmp_path: Path, sim: Any):
+    seen = await grown_at(tmp_path, sim, cached=0.1)
     pressed = [(before, after, whole) for before, after, whole in seen if 0.9 * USABLE < before <= USABLE]
     assert len(pressed) >= 2, seen  # turns above high_water that still fit the window
     assert all(whole and after == before for before, after, whole in pressed), pressed
@@ -105,11 +110,7 @@ async def test_at_a_cheap_cached_price_the_request_goes_whole_until_it_no_longer
 
 
 async def test_where_cached_input_costs_full_price_it_truncates_at_high_water(tmp_path: Path, sim: Any):
-    rig = await proxy_at(tmp_path, sim.url, cached=1.0)
-    try:
-        seen = await grow(rig, sim)
-    finally:
-        await rig.close()
+    seen = await grown_at(tmp_path, sim, cached=1.0)
     first = next(k for k, (before, _, _) in enumerate(seen) if before > 0.9 * USABLE)
     before, after, whole = seen[first]
     assert before <= USABLE and not whole and after <= 0.6 * USABLE
