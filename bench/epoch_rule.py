@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import proxy.context.draft as draft_module
 import proxy.context.economics as economics
-import proxy.context.steps.clear as clear_step
 from bench import idle
 from bench.quality import Score, Setting, held_out, measure
 from bench.stats import table
@@ -31,8 +31,9 @@ from tests.context.replay import TRACE_NAMES
 # (turns to come per turn passed, turns' input the first edit may risk, the share of the banked savings one
 # bet may stake, turns after it whose saving an edit may spend); the first is the shipped rule
 RULES = (
-    (1.0, 0.0, 0.5, 1.0),
     (0.5, 0.0, 0.5, 1.0),
+    (0.25, 0.0, 0.5, 1.0),
+    (1.0, 0.0, 0.5, 1.0),
     (2.0, 0.0, 0.5, 1.0),
     (1.0, 0.0, 1.0, 1.0),
     (1.0, 0.0, 0.25, 1.0),
@@ -47,17 +48,17 @@ DISCOUNTS = (0.5, 0.1)
 @contextmanager
 def rule(turns_to_come: float, first_edit_risk: float, stake: float, repay_turns: float) -> Iterator[None]:
     """The engine with these guesses in place of its own, for one replay."""
-    saved = economics.TURNS_TO_COME, economics.STAKE, economics.REPAY_TURNS, clear_step.within_budget
+    saved = economics.TURNS_TO_COME, economics.STAKE, economics.REPAY_TURNS, draft_module.within_budget
 
-    def budget(cost: float, banked: float, per_turn: float, first_turn: float = 0.0, risk_turns: float = 0.0) -> bool:
-        return saved[3](cost, banked, per_turn, first_turn, first_edit_risk)
+    def budget(cost: float, banked: float, per_turn: float, first_turn: float, _risk: float, *rest: float) -> bool:
+        return saved[3](cost, banked, per_turn, first_turn, first_edit_risk, *rest)
 
     economics.TURNS_TO_COME, economics.STAKE, economics.REPAY_TURNS = turns_to_come, stake, repay_turns
-    clear_step.within_budget = budget
+    draft_module.within_budget = budget  # what `Draft.budget` calls, for clearings and early truncations alike
     try:
         yield
     finally:
-        economics.TURNS_TO_COME, economics.STAKE, economics.REPAY_TURNS, clear_step.within_budget = saved
+        economics.TURNS_TO_COME, economics.STAKE, economics.REPAY_TURNS, draft_module.within_budget = saved
 
 
 def run_epoch_rule() -> dict[str, Any]:

@@ -200,7 +200,7 @@ async def test_a_one_hour_last_breakpoint_makes_clearing_wait_for_a_bigger_savin
     rig = await messages_rig(first_edit_risk_turns=1.0)
     cleared = {}
     for name, control in (("five", FIVE_MINUTES), ("hour", ONE_HOUR)):
-        messages = _tool_loop(9, "x = 1\n" * 200)
+        messages = _tool_loop(14, "x = 1\n" * 200)
         messages[-1]["content"][-1]["cache_control"] = control
         raw = await rig.client(name).messages.with_raw_response.create(
             model="claude-sonnet-4-5", max_tokens=64, messages=messages

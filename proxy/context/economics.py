@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.survival import NO_HISTORY, Lifetimes
 
-# Turns still to come, as a share of the turns so far. SPEC §3 starts from 0.5; with the budget below
-# (edits after a session's first spend only what earlier edits saved) 1.0 bills least on every trace
-# we have at d = 0.1 and d = 0.5, and keeps each at or under direct (0.5, 1, 1.5, 2 measured; BENCHMARKS.md).
-TURNS_TO_COME = 1.0
+# Turns still to come, as a share of the turns so far, for an agent with no history (SPEC §3's 0.5). 1.0 billed
+# least while an epoch's cost counted the turn's new messages as re-billed (until b31a9c6): a longer horizon made
+# up for a cost priced too high. Priced right, 0.5 bills less at d = 0.1 and 0.5 on every tuned set, on the real
+# Codex CLI (200k: 0.871 -> 0.768) and `bench idle` (a pause every 20 turns: 1.015 -> 0.947); 0.25 is mixed
+# (`python -m bench epoch-rule`; BENCHMARKS.md, "Turns to come, priced right").
+TURNS_TO_COME = 0.5
 # The share of what a session's edits have saved that one edit costing more than it frees may stake:
 # whatever its bets do, a session keeps at least the rest. 1.0 let the savings of free edits at an
 # expired cache fund bets that lost more (`bench idle`: 1.076 of direct; 0.872 at 0.5, 0.25 no better).

@@ -43,7 +43,7 @@ def test_request_blocks_put_the_tools_schema_first():
 def test_epoch_cost_and_saving_follow_the_spec_formula():
     assert epoch_cost(0.5, tokens_after=1000, first_changed=400, freed=200) == pytest.approx(0.5 * 600 - 0.5 * 200)
     assert epoch_saving(0.5, freed=200, turns_to_come=3) == pytest.approx(300)
-    assert expected_turns_to_come(10) == 10  # as many turns to come as have passed (economics.TURNS_TO_COME)
+    assert expected_turns_to_come(10) == 5  # half as many turns to come as have passed (economics.TURNS_TO_COME)
 
 
 def test_without_caching_any_edit_that_frees_tokens_pays():
