@@ -54,7 +54,7 @@ def rule(turns_to_come: float, first_edit_risk: float, stake: float, repay_turns
         return saved[3](cost, banked, per_turn, first_turn, first_edit_risk, *rest)
 
     economics.TURNS_TO_COME, economics.STAKE, economics.REPAY_TURNS = turns_to_come, stake, repay_turns
-    draft_module.within_budget = budget  # what `Draft.budget` calls, for clearings and early truncations alike
+    draft_module.within_budget = budget  # what `Draft.edit_value` calls, for clearings and early truncations alike
     try:
         yield
     finally:

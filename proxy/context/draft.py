@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from proxy.context.economics import billed_input, within_budget
+from proxy.context.economics import billed_input, epoch_cost, epoch_saving, epoch_value, within_budget
 from proxy.context.fitting import omission_note
 from proxy.context.journal import (
     AS_SENT,
@@ -29,7 +29,7 @@ from proxy.context.messages import Message, content_bytes, message_digest
 from proxy.context.patterns import Pattern
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.survival import NO_HISTORY, Lifetimes
-from proxy.context.tokens import Counter
+from proxy.context.tokens import REPLY_PRIMING, Counter
 
 # What an edit kind sends for client message `i` under its decision (None: nothing, the message is dropped).
 Emitter = Callable[["Draft", int, Decision], "Message | None"]
@@ -99,18 +99,47 @@ class Draft:
         """What the client's requests would have billed so far, this one's included: what a bet is read against."""
         return self.journal.direct + (0.0 if self.over_window else self.direct_bill())
 
-    def budget(self) -> Callable[[float, float], bool]:
-        """`economics.within_budget` with this session's figures (its bank, the first turn's bill while no edit was
-        made, its agent's history, its direct bill so far): given an edit's cost this turn and what it saves on
-        each turn after, whether the edit may be made."""
+    def new_at(self, length: int) -> int:
+        """The output index of the first message new this turn (`length`, the output's, when none is)."""
+        return next((j for j in self.where[self.first_new :] if j >= 0), length)
+
+    def position(self, counts: Sequence[int], j: int) -> int:
+        """The token position where output message `j` starts in the request (the tools schema comes first)."""
+        return self.fixed - REPLY_PRIMING + sum(counts[:j])
+
+    def cached_end(self, counts: Sequence[int]) -> int:
+        """Where what the cache held ends, an edit's re-billed part with it: the turn's new messages are billed in
+        full with or without an edit, so where they start (a marked cache reads no further than its frontier, which
+        an edit rewrites from: the whole request)."""
+        return self.total(counts) if self.model.marked_cache else self.position(counts, self.new_at(len(counts)))
+
+    def edit_value(self) -> Callable[..., float]:
+        """The epoch rule with this session's figures: `value(freed, first, end, grown=0)` is the net saving expected
+        of an edit freeing `freed` tokens from token `first` on, the re-billed part ending at `end` once it is made
+        and `grown` tokens standing whole again through it (a compaction pointing into what it clears), or -1 when
+        it costs more this turn than `economics.within_budget` allows with the session's bank, the first turn's
+        bill while no edit was made, its agent's history and its direct bill so far."""
+        d, w, turns, lifetimes = self.discount, self.model.write_factor, self.replies(), self.lifetimes
         banked, risk_turns, behind = self.journal.banked, self.policy.first_edit_risk_turns, self.policy.bet_overrun
         first_turn = 0.0 if self.journal.epochs else self.direct_bill()  # what a first edit may bet a share of
         assured, direct = self.assured_turns(), self.direct_so_far()
 
-        def allows(cost: float, per_turn: float) -> bool:
-            return within_budget(cost, banked, per_turn, first_turn, risk_turns, assured, direct, behind)
+        def value(freed: int, first: int, end: int, grown: int = 0) -> float:
+            net = freed - grown
+            cost, per_turn = epoch_cost(d, end + grown, first, net, w), epoch_saving(d, net, 1.0)
+            if not within_budget(cost, banked, per_turn, first_turn, risk_turns, assured, direct, behind):
+                return -1.0
+            return epoch_value(
+                discount=d,
+                tokens_after=end,
+                first_changed=first,
+                freed=freed,
+                turns_so_far=turns,
+                write=w,
+                lifetimes=lifetimes,
+            )
 
-        return allows
+        return value
 
     def emitted(self, i: int) -> Message | None:
         """What the journal's decision sends for client message `i` (None when dropped); an edited content made

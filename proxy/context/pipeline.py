@@ -16,7 +16,7 @@ from typing import Any
 from proxy.context.capsules import Capsule
 from proxy.context.clearing import ClearPlan
 from proxy.context.draft import Draft
-from proxy.context.economics import billed_input, epoch_cost, epoch_saving, epoch_value
+from proxy.context.economics import billed_input
 from proxy.context.inject import drop_capsules, inject_capsules, stale_capsules
 from proxy.context.journal import DROPPED, Journal, TurnReport
 from proxy.context.messages import Message, call_ids, is_tool_output, message_digest, newest
@@ -209,7 +209,9 @@ def _epoch_needed(draft: Draft, out: list[Message], counts: list[int]) -> Epoch 
     policy = draft.policy
     total = draft.total(counts)
     reasons = []
-    if total > draft.usable or (total > policy.high_water * draft.usable and _window_pays_early(draft, out, counts)):
+    if total > draft.usable or (
+        total > policy.high_water * draft.usable and _window_pays_early(draft, out, counts, total)
+    ):
         reasons.append("window")
     if policy.soft_budget_tokens and total > policy.soft_budget_tokens:
         reasons.append("soft_budget")
@@ -223,44 +225,27 @@ def _epoch_needed(draft: Draft, out: list[Message], counts: list[int]) -> Epoch 
     return Epoch(tuple(reasons), plan) if reasons else None
 
 
-def _window_pays_early(draft: Draft, out: list[Message], counts: list[int]) -> bool:
-    """Whether to make the epoch the window will force now, the request above `high_water` but still within the
-    window: priced as a voluntary edit would be, it pays at once where the cache is dear (d = 1) or cold, and at a
-    cheap cached price only where the session's bank or its agent's history covers the rewrite. Made early
-    regardless, a session that ends before its requests outgrow the window bills that rewrite above what it would
-    have billed direct (`python -m bench quality`, 32k, d = 0.1: sample B's sympy-23413 at 1.185).
+def _window_pays_early(draft: Draft, out: list[Message], counts: list[int], total: int) -> bool:
+    """Whether to make the epoch the window will force now, the request (`total` tokens) above `high_water` but
+    still within the window: priced as a voluntary edit would be, it pays at once where the cache is dear (d = 1)
+    or cold, and at a cheap cached price only where the session's bank or its agent's history covers the rewrite.
+    Made early regardless, a session that ends before its requests outgrow the window bills that rewrite above
+    what it would have billed direct (`python -m bench quality`, 32k, d = 0.1: sample B's sympy-23413 at 1.185).
 
     The epoch is taken to free down to `low_water` from the oldest turn truncation may drop (before any output
-    clearing may take), the end of what the cache held as in `steps/clear.py`."""
-    policy, d, w = draft.policy, draft.discount, draft.model.write_factor
-    total = draft.total(counts)
+    clearing may take)."""
+    policy = draft.policy
     freed = int((total - policy.low_water * draft.usable) / draft.correction)
     droppable = ("assistant",) if policy.pin_first_user else ("user", "assistant", "tool")
     first = next((j for j, m in enumerate(out) if m.get("role") in droppable), len(out))
-    new = next((j for j in draft.where[draft.first_new :] if j >= 0), len(out))
-    start = draft.fixed - REPLY_PRIMING
-    first_at, cached = start + sum(counts[:first]), total if draft.model.marked_cache else start + sum(counts[:new])
-    end = cached - freed
-    if not draft.budget()(epoch_cost(d, end, first_at, freed, w), epoch_saving(d, freed, 1.0)):
-        return False
-    value = epoch_value(
-        discount=d,
-        tokens_after=end,
-        first_changed=first_at,
-        freed=freed,
-        turns_so_far=draft.replies(),
-        write=w,
-        lifetimes=draft.lifetimes,
-    )
-    return value > 0
+    return draft.edit_value()(freed, draft.position(counts, first), draft.cached_end(counts) - freed) > 0
 
 
 def _turn_saving(draft: Draft, counts: list[int], first_changed: int | None) -> float:
     """Billed tokens this request saves against the client's own, each read from the cache up to what it
     shares with the one before it: what the edits bank (`economics.within_budget`)."""
     d, w = draft.discount, draft.model.write_factor
-    first_new = draft.first_new
-    new = next((j for j in draft.where[first_new:] if j >= 0), len(counts))
+    new = draft.new_at(len(counts))
     if first_changed is not None:
         new = min(new, first_changed)
     sent_new = sum(counts[new:])

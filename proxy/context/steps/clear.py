@@ -9,14 +9,12 @@ from proxy.context import stubs
 from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER, ClearPlan, ClearToolOutputs, is_cleared
 from proxy.context.compact import decode, encode, sources_of
 from proxy.context.draft import Draft
-from proxy.context.economics import epoch_cost, epoch_saving, epoch_value
 from proxy.context.journal import AS_SENT, CLEARED, COMPACTED, DEDUPED, DROPPED, Decision, TurnReport
 from proxy.context.messages import Message, content_text, is_tool_output, message_ids, newest
 from proxy.context.policy import ClearPolicy
 from proxy.context.recall import message_tokens, never_edited, outputs_in_use
 from proxy.context.steps.base import Epoch
 from proxy.context.steps.compact import Compaction
-from proxy.context.tokens import REPLY_PRIMING
 
 # Tool outputs among the last this many messages are never cleared, whatever `keep_tokens` says.
 RECENT_MESSAGES = 6
@@ -73,42 +71,20 @@ class Clearing:
         ):
             draft.held_back = freed
             return None
-        total = draft.total(counts)
-        turns = draft.replies()
-        d, w = draft.discount, draft.model.write_factor
-        allows = draft.budget()
-
+        priced = draft.edit_value()
         floor = _frontier(draft, out) if draft.model.marked_cache else None
 
         def position(j: int) -> int:
-            """The token position where the rewrite of an edit at output message `j` starts: the message's own
-            (the tools schema comes first), or the frontier's, where a marked cache can read no further."""
-            return draft.fixed - REPLY_PRIMING + sum(counts[: j if floor is None else min(j, floor)])
+            """The token position where the rewrite of an edit at output message `j` starts: the message's own,
+            or the frontier's, where a marked cache can read no further."""
+            return draft.position(counts, j if floor is None else min(j, floor))
 
-        # The turn's new messages are billed in full with or without the edit: it re-bills what the cache held, up
-        # to where they start (a marked cache reads no further than its frontier: there, the whole tail).
-        new = next((j for j in draft.where[draft.first_new :] if j >= 0), len(out))
-        cached = total if floor is not None else position(new)
+        cached = draft.cached_end(counts)
 
         def value(freed: int, first: int, grown: int = 0) -> float:
-            """The net saving expected of freeing `freed` tokens from token `first` on, or -1 when the edit
-            costs more this turn than the budget allows (`economics.within_budget`), counting the `grown`
-            tokens compacted outputs pointing into the cleared ones stand whole again by."""
-            net = freed - grown
-            end = cached - freed  # where the re-billed part of the request ends, the edit made
-            cost = epoch_cost(d, end + grown, first, net, w)
-            per_turn = epoch_saving(d, net, 1.0)
-            if not allows(cost, per_turn):
-                return -1.0
-            return epoch_value(
-                discount=d,
-                tokens_after=end,
-                first_changed=first,
-                freed=freed,
-                turns_so_far=turns,
-                write=w,
-                lifetimes=draft.lifetimes,
-            )
+            """The net saving expected of freeing `freed` tokens from token `first` on, counting the `grown` tokens
+            compacted outputs pointing into the cleared ones stand whole again by (-1: beyond the budget)."""
+            return priced(freed, first, cached - freed, grown)
 
         if not forced and value(freed, position(draft.where[newest])) <= 0:
             draft.held_back = freed
