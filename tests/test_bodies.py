@@ -12,9 +12,12 @@ from hypothesis import strategies as st
 
 from proxy.context.messages import message_digest
 from proxy.demo.traces import load_trace, requests
+from proxy.demo.traces_messages import messages_requests
+from proxy.dialects import MESSAGES
+from proxy.dialects.base import kept_json
 from proxy.dialects.body_checks import InvalidRequest, parse_chat_body
 from proxy.service import body_memos as bodies_module
-from proxy.service.body_memos import PER_SCOPE, BodyMemos, array_end, messages_start
+from proxy.service.body_memos import MESSAGES_READING, PER_SCOPE, BodyMemos, array_end, messages_start
 
 TRACE = load_trace("sweagent_marshmallow-1867.json")
 MB = 1024 * 1024
@@ -55,12 +58,16 @@ def test_each_turn_of_a_trace_reuses_the_last_and_equals_the_full_parse(name):
     assert all(r > 0 for r in reused[1:]), reused  # every later turn repeats its predecessor
 
 
-def test_an_edited_history_is_parsed_in_full_and_then_remembered_again():
+def test_an_edited_history_reuses_the_messages_before_the_edit_and_is_then_remembered_again():
     memos = BodyMemos(64 * MB)
     turns = [json.loads(raw) for raw in bodies()]
     memos.parse(sdk_json(turns[3]), "s")
     edited = json.loads(json.dumps(turns[4]))
     edited["messages"][1]["content"] = "an edited task"
+    parsed = memos.parse(sdk_json(edited), "s")
+    assert parsed.reused == 1  # the system prompt leads the edit byte for byte
+    assert_same_as_full_parse(parsed, sdk_json(edited))
+    edited["messages"][0]["content"] = "an edited system prompt"
     parsed = memos.parse(sdk_json(edited), "s")
     assert parsed.reused == 0
     assert_same_as_full_parse(parsed, sdk_json(edited))
@@ -172,22 +179,39 @@ def scans(monkeypatch) -> list[int]:
     return made
 
 
-def test_a_history_edited_every_turn_stops_costing_memos_but_other_conversations_keep_theirs(scans):
+def test_a_history_edited_every_turn_reuses_what_leads_the_edit_without_scanning_again(scans):
     memos = BodyMemos(64 * MB)
     system = {"role": "system", "content": "sys"}
     task = {"role": "user", "content": "the task"}
-    made = []
     for turn in range(8):  # the agent rewrites its third message (say, a clock) every turn
         clock = {"role": "user", "content": f"it is {turn} o'clock"}
-        before = len(scans)
-        assert memos.parse(sdk_json({"messages": [system, task, clock], "model": "m"}), "s").reused == 0
-        made.append(len(scans) > before)
+        raw = sdk_json({"messages": [system, task, clock], "model": "m"})
+        parsed = memos.parse(raw, "s")
+        assert parsed.reused == (2 if turn else 0)
+        assert_same_as_full_parse(parsed, raw)
         assert len(memos) == 1  # one memo per conversation: the newer body replaces the older
-    assert made[:3] == [True] * 3 and not any(made[4:])
+    assert len(scans) == 1  # only the first body was scanned whole
     other = sdk_json({"messages": [system, {"role": "user", "content": "another task"}], "model": "m"})
-    memos.parse(other, "s")
+    assert memos.parse(other, "s").reused == 1  # the system prompt, from the memo it leads
     assert memos.parse(other, "s").reused == 2
-    assert len(memos) == 2
+    assert len(memos) == 1  # both open with the same system prompt: one conversation's memo
+
+
+def test_a_client_that_writes_its_history_anew_every_turn_stops_costing_memos(scans):
+    """The same messages in other bytes (here indented anew every turn) extend no memo: an edited history by its
+    first two messages, so after a few full scans no more memos are made for it."""
+    memos = BodyMemos(64 * MB)
+    made = []
+    history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "the task"}]
+    for turn in range(8):
+        history.append({"role": "assistant", "content": f"answer {turn}"})
+        raw = json.dumps({"messages": history, "model": "m"}, indent=turn + 1).encode()
+        before = len(scans)
+        parsed = memos.parse(raw, "s")
+        assert parsed.reused == 0
+        assert_same_as_full_parse(parsed, raw)
+        made.append(len(scans) > before)
+    assert made[:3] == [True] * 3 and not any(made[4:])
 
 
 def test_more_conversations_than_the_budget_holds_stop_costing_memos(scans):
@@ -247,3 +271,18 @@ def test_property_any_growth_or_edit_parses_as_the_full_parse(history, growth, f
             messages[edit_at] = {**messages[edit_at], "content": "edited"}
         raw = FORMATS[fmt]({"messages": messages, "model": "m", "stream": False})
         assert_same_as_full_parse(memos.parse(raw, "s"), raw)
+
+
+@pytest.mark.parametrize("marks", ["claude-code", "none"])
+def test_messages_bodies_reuse_what_leads_their_moved_breakpoint_and_equal_the_full_parse(marks):
+    """Claude Code marks its last message, so the previous last message changes every turn: the messages before
+    it are reused, and each message's key is its exact JSON, as `MessagesDialect.conversation` compares them."""
+    memos = BodyMemos(64 * MB)
+    previous = 0
+    for k, body in enumerate(messages_requests(TRACE, "claude-sonnet-4-5", marks)):
+        raw = sdk_json(body)
+        parsed = memos.parse(raw, "s", MESSAGES_READING)
+        assert orjson.dumps(parsed.body) == orjson.dumps(MESSAGES.parse(raw))  # what goes upstream
+        assert parsed.digests == [kept_json(m) for m in parsed.body["messages"]]
+        assert parsed.reused == (0 if k == 0 else previous - 1 if marks == "claude-code" else previous), k
+        previous = len(body["messages"])

@@ -175,7 +175,8 @@ class Dialect(Protocol):
         previous: Sequence[Conversation] = (),
         sealed_scale: float = 1.0,
     ) -> Conversation:
-        """The engine's view of the request; `digests`, when the shell has them, are its messages' digests;
+        """The engine's view of the request; `digests`, when the shell has them, are its messages' keys as its body
+        memo made them (`proxy.service.body_memos.Reading`: chat, each one's digest; Messages, its exact JSON);
         `previous`, conversations this body may continue (the same client and session name's last ones): a dialect
         may take the engine messages of a message equal to one they were made from instead of mapping it again;
         `sealed_scale`, what the upstream bills per token we estimate in a sealed blob (`Calibration.sealed_scale`)."""

@@ -228,7 +228,11 @@ class MessagesDialect:
             messages.append({"role": "system", "content": opaque(blocks_text(content_blocks(system)))})
             groups.append((SYSTEM, []))
             keys.append(group_digest(["system", [_stripped(b) for b in content_blocks(system)]]))
-        made_from = [kept_json(message) for message in body["messages"]]  # exact: `true` is not `1` here
+        made_from = (  # each message's exact JSON (`true` is not `1` here), the body memo's when it read the body
+            digests
+            if digests is not None and len(digests) == len(body["messages"])
+            else [kept_json(message) for message in body["messages"]]
+        )
         prior, spans = _continued(made_from, previous)
         for i, message in enumerate(body["messages"]):
             if prior is not None and i < len(spans) and prior.made_from[i] == made_from[i]:

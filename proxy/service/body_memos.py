@@ -1,4 +1,4 @@
-"""A session's next chat body, parsed only where it differs from the last one.
+"""A session's next body (chat, Messages), parsed only where it differs from the last one.
 
 An agent's request repeats its previous request byte for byte and appends a few messages.
 Parsing, validating and digesting the repeated part again is most of a warm turn's CPU on
@@ -10,6 +10,9 @@ When the next body starts with exactly those bytes, only the rest is parsed: the
 remembered messages are replaced by one marker element, which leaves a JSON document that
 parses to the same body (a JSON parser's state after a prefix depends only on the prefix's
 bytes), and the marker must come back as the first message, or the full parse is used.
+When it starts with the bytes of only the first few remembered messages (Claude Code moves its
+cache breakpoint from the last message to the new last one, so its previous last message
+changes), those stand in for the marker and the rest is parsed the same way.
 When the bytes after the messages are the last body's too (an agent's tools, model and options
 rarely change), only the new messages are parsed and the other fields are the last body's values.
 Every other case (a first request, an edited history, a body this module cannot read)
@@ -23,13 +26,16 @@ import re
 import secrets
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from proxy.context.messages import message_digest
+from proxy.dialects.base import kept_json
 from proxy.dialects.body_checks import check_messages, has_wide_number, may_hold_wide_integer, parse_chat_body
+from proxy.dialects.messages import MESSAGES
 
 # Stands in for the remembered messages; random per process, so no client can send it.
 MARKER = "\x00context-proxy-remembered-" + secrets.token_hex(16)
@@ -47,8 +53,32 @@ RECENT_OUTCOMES = 256  # memo hits and evictions weighed for the thrash check (o
 
 
 @dataclass(frozen=True, slots=True)
+class Reading:
+    """How one API's bodies are read: the full parse (the reference: the client's exact errors), the check of
+    the messages a memo did not hold (given where they start), and the key each message is known by."""
+
+    parse: Callable[[bytes], dict[str, Any]]
+    check: Callable[[list[Any], int], None]
+    key: Callable[[Any], bytes]
+
+
+def _check_chat(messages: list[Any], offset: int) -> None:
+    check_messages(messages, offset=offset)
+
+
+def _check_nothing(messages: list[Any], offset: int) -> None:
+    """Messages bodies: what the adapter cannot map goes as sent (`MessagesDialect.unedited_reason`)."""
+
+
+# Chat: each message's `message_digest`. Messages: each message's exact JSON, which the dialect compares with the
+# conversation a body continues (`proxy.dialects.messages`); made once per message, not once per turn.
+CHAT_READING = Reading(parse_chat_body, _check_chat, message_digest)
+MESSAGES_READING = Reading(MESSAGES.parse, _check_nothing, kept_json)
+
+
+@dataclass(frozen=True, slots=True)
 class Parsed:
-    """A validated chat body and each message's `message_digest`."""
+    """A validated body and each message's key (`Reading.key`: chat, its `message_digest`)."""
 
     body: dict[str, Any]
     digests: list[bytes]
@@ -63,6 +93,7 @@ class Parsed:
 class _Memo:
     prefix: bytes  # the body up to the end of its last message
     start: int  # offset of its first message
+    ends: tuple[int, ...]  # where each message ends in `prefix` (the last: its length)
     messages: list[dict[str, Any]]  # parsed; shared with later turns, never mutated
     digests: list[bytes]
     after: bytes  # the body after its last message: the array's close and the fields that follow
@@ -71,16 +102,19 @@ class _Memo:
 
     @property
     def cost(self) -> int:
-        """Bytes held, roughly: the raw bytes kept plus their parsed objects (about twice the JSON)."""
+        """Bytes held, roughly: the raw bytes kept plus their parsed objects (about twice the JSON). A Messages
+        memo's keys (each message's JSON) are the very bytes its conversation keeps, counted there."""
         return 3 * (len(self.prefix) + len(self.after))
 
 
-def array_end(raw: bytes, at: int) -> int | None:
-    """Where the last element ends, for an array read from `at` (its start, or just after an element).
+def element_ends(raw: bytes, at: int) -> list[int] | None:
+    """Where each object or array element ends, for an array read from `at` (its start, or just after an element).
 
-    None when the array does not close (the body is not what this module can read).
+    None when the array does not close (the body is not what this module can read). Other elements (strings,
+    numbers) are not counted: the callers compare the count with the elements parsed.
     """
-    depth, end = 0, at
+    depth = 0
+    ends: list[int] = []
     for match in _TOKEN.finditer(raw, at):
         byte = raw[match.start()]
         if byte == _QUOTE:
@@ -90,10 +124,16 @@ def array_end(raw: bytes, at: int) -> int | None:
         else:
             depth -= 1
             if depth < 0:
-                return end
+                return ends
             if depth == 0:
-                end = match.end()
+                ends.append(match.end())
     return None
+
+
+def array_end(raw: bytes, at: int) -> int | None:
+    """Where the last element ends, for an array read from `at`; None when the array does not close."""
+    ends = element_ends(raw, at)
+    return None if ends is None else (ends[-1] if ends else at)
 
 
 def messages_start(raw: bytes) -> int | None:
@@ -114,13 +154,14 @@ def messages_start(raw: bytes) -> int | None:
 
 def _remembered(raw: bytes, parsed: Parsed) -> _Memo | None:
     """A memo of a fully parsed body, when its messages array can be located and checked."""
-    body, messages = parsed.body, parsed.body["messages"]
+    body, messages = parsed.body, parsed.body.get("messages")
     start = messages_start(raw)
-    if start is None or not messages:
+    if start is None or not isinstance(messages, list) or not messages:
         return None
-    end = array_end(raw, start)
-    if end is None or end <= start:
+    ends = element_ends(raw, start)
+    if ends is None or len(ends) != len(messages):
         return None
+    end = ends[-1]
     # The located array must be the one the parser used: with it replaced by the marker, the
     # same parser must see exactly the marker (a duplicate `messages` key would show here).
     try:
@@ -129,15 +170,36 @@ def _remembered(raw: bytes, parsed: Parsed) -> _Memo | None:
         return None
     if not isinstance(check, dict) or check.get("messages") != [MARKER]:
         return None
-    return _Memo(raw[:end], start, messages, parsed.digests, raw[end:], body, parsed.notes)
+    return _Memo(raw[:end], start, tuple(ends), messages, parsed.digests, raw[end:], body, parsed.notes)
 
 
-def _extend(memo: _Memo, raw: bytes) -> tuple[Parsed, _Memo] | None:
-    """The body parsed past the memo's messages, and its memo; None when the shortcut does not hold."""
-    known = len(memo.prefix)
-    end = array_end(raw, known)
-    if end is None:
+def _leading(memo: _Memo, raw: bytes) -> int:
+    """How many of the memo's messages `raw` starts with, byte for byte (0: not even the first)."""
+    if raw.startswith(memo.prefix):
+        return len(memo.ends)
+    prefix, ends = memoryview(memo.prefix), memo.ends
+    if not raw.startswith(prefix[: ends[0]]):
+        return 0
+    if len(ends) > 2 and raw.startswith(prefix[: ends[-2]]):  # only the last changed: a moved breakpoint
+        return len(ends) - 1
+    low, high = 1, len(ends) - 1  # `low` messages lead; more than `high` do not
+    while low < high:
+        mid = (low + high + 1) // 2
+        if raw.startswith(prefix[: ends[mid - 1]]):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _extend(memo: _Memo, raw: bytes, reading: Reading, kept: int) -> tuple[Parsed, _Memo] | None:
+    """The body parsed past the memo's first `kept` messages (which `raw` starts with), and its memo; None when
+    the shortcut does not hold."""
+    known = memo.ends[kept - 1]
+    ends = element_ends(raw, known)
+    if ends is None:
         return None
+    end = ends[-1] if ends else known
     after = raw[end:]
     if after == memo.after:  # only the new messages are new: the other fields are the last body's, as parsed
         fresh = raw[known:end]
@@ -155,12 +217,14 @@ def _extend(memo: _Memo, raw: bytes) -> tuple[Parsed, _Memo] | None:
     if not isinstance(tail, list) or not tail or tail[0] != MARKER:
         return None
     new = tail[1:]
-    check_messages(new, offset=len(memo.messages))
-    messages = memo.messages + new
-    digests = memo.digests + [message_digest(m) for m in new]
+    if len(new) != len(ends):
+        return None  # an element that is no object: the full parse judges it
+    reading.check(new, kept)
+    messages = memo.messages[:kept] + new
+    digests = memo.digests[:kept] + [reading.key(m) for m in new]
     body["messages"] = messages
-    parsed = Parsed(body, digests, reused=len(memo.messages), notes=notes)
-    return parsed, _Memo(raw[:end], memo.start, messages, digests, after, body, notes)
+    parsed = Parsed(body, digests, reused=kept, notes=notes)
+    return parsed, _Memo(raw[:end], memo.start, memo.ends[:kept] + tuple(ends), messages, digests, after, body, notes)
 
 
 def _loads(doc: bytes) -> Any:
@@ -195,12 +259,18 @@ class BodyMemos:
     def __len__(self) -> int:
         return len(self._memos)
 
-    def parse(self, raw: bytes, scope: str) -> Parsed:
-        """The validated body; raises InvalidRequest like `validate.parse_chat_body`."""
+    def parse(self, raw: bytes, scope: str, reading: Reading = CHAT_READING) -> Parsed:
+        """The validated body; raises InvalidRequest like `reading.parse` (chat: `parse_chat_body`).
+
+        `scope`: whose memos the body is compared with; one scope holds one API's bodies (their keys differ).
+        The first memo the body extends is used, else the first whose leading messages it starts with."""
         with self._lock:
             candidates = [(key, self._memos[key][1]) for key in self._scopes.get(scope, ())]
-        for key, memo in candidates:
-            if raw.startswith(memo.prefix) and (found := _extend(memo, raw)) is not None:
+        tries = [(key, memo, len(memo.ends)) for key, memo in candidates if raw.startswith(memo.prefix)]
+        if not tries:  # none it extends: the first whose leading messages it starts with
+            tries = next(([(key, memo, kept)] for key, memo in candidates if (kept := _leading(memo, raw))), [])
+        for key, memo, kept in tries:
+            if (found := _extend(memo, raw, reading, kept)) is not None:
                 parsed, successor = found
                 with self._lock:
                     self._misses.pop((scope, _opening(parsed.digests)), None)
@@ -208,8 +278,9 @@ class BodyMemos:
                     self._drop(key)
                     self._add(scope, successor)
                 return parsed
-        body = parse_chat_body(raw)
-        digests = [message_digest(m) for m in body["messages"]]
+        body = reading.parse(raw)
+        messages = body.get("messages")
+        digests = [reading.key(m) for m in messages] if isinstance(messages, list) else []
         parsed = Parsed(body, digests)
         if self._worth_remembering(scope, digests, [memo for _, memo in candidates]):
             remembered = _remembered(raw, parsed)

@@ -22,10 +22,10 @@ from proxy.context.capsules import Capsule
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.recall import TOKEN_SETS
 from proxy.context.steps import CutCache
-from proxy.dialects import CHAT, Conversation, Dialect
+from proxy.dialects import CHAT, MESSAGES, Conversation, Dialect
 from proxy.errors import ContextOverflow
 from proxy.service import session_views, turn_metrics
-from proxy.service.body_memos import BodyMemos, Parsed
+from proxy.service.body_memos import MESSAGES_READING, BodyMemos, Parsed
 from proxy.service.chains import ResponseChains, UneditedTurn
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold, noted_tools_tokens
 from proxy.service.memory_shares import conversation_budget, cut_budget, memo_budget, sent_budget, token_budget
@@ -133,14 +133,27 @@ class EngineService:
             return await self.pool.run(work, cost=cost, client=client)
 
     def parse_body(
-        self, raw: bytes, *, path_session: str | None, headers: Mapping[str, str], credential: str
+        self,
+        raw: bytes,
+        *,
+        path_session: str | None,
+        headers: Mapping[str, str],
+        credential: str,
+        dialect: Dialect = CHAT,
     ) -> Parsed:
-        """A chat body, its repeated prefix taken from this conversation's last body (proxy.service.body_memos)."""
-        return self._parse_chat(raw, path_session, headers, _client(credential))
+        """A chat or Messages body, its repeated prefix taken from this conversation's last body
+        (proxy.service.body_memos)."""
+        return self._parse_remembered(raw, path_session, headers, _client(credential), dialect)
 
-    def _parse_chat(self, raw: bytes, path_session: str | None, headers: Mapping[str, str], client: str) -> Parsed:
+    def _parse_remembered(
+        self, raw: bytes, path_session: str | None, headers: Mapping[str, str], client: str, dialect: Dialect = CHAT
+    ) -> Parsed:
         self.bodies.budget = memo_budget(self.holder.settings.state)  # follows a config reload
-        parsed = self.bodies.parse(raw, _scope(client, path_session, headers))
+        scope = _scope(client, path_session, headers)
+        if dialect is CHAT:
+            parsed = self.bodies.parse(raw, scope)
+        else:  # the same client's Messages bodies are other memos: their messages' keys differ
+            parsed = self.bodies.parse(raw, f"{dialect.name}\x00{scope}", MESSAGES_READING)
         turn_metrics.HELD_MEMOS.set(self.bodies.held)
         if parsed.reused:
             turn_metrics.MESSAGES_REUSED.inc(parsed.reused)
@@ -155,7 +168,8 @@ class EngineService:
         credential: str,
         client: str,
     ) -> _Request:
-        parsed = self._parse_chat(raw, path_session, headers, client) if dialect is CHAT else None
+        memo = dialect is CHAT or dialect is MESSAGES
+        parsed = self._parse_remembered(raw, path_session, headers, client, dialect) if memo else None
         body, digests = (parsed.body, parsed.digests) if parsed else (dialect.parse(raw), None)
         notes = parsed.notes if parsed else None
         return self._resolve(

@@ -25,6 +25,7 @@ from tests.agents.claude_cli import DEFAULT_MODEL, ClaudeRun, claude_rows, run_c
 from tests.agents.messages_upstream import FINAL_PREFIX, MAIN, SUB, Received, ScriptedMessages
 from tests.conftest import MakeRig
 from tests.harness import Rig
+from tests.test_traces_http import reused_messages
 
 # 420 lines of hex (~27k characters; Claude Code sends up to 30k of an output, a preview of a larger one).
 HEX = "python3 -c \"import hashlib; print('\\n'.join(hashlib.sha256(b'{}%d' % i).hexdigest() for i in range(420)))\""
@@ -70,7 +71,8 @@ def thinking_blocks(request: Received) -> list[bytes]:
 
 async def run_both(
     upstream: tuple[ScriptedMessages, str], make_rig: MakeRig, tmp_path: Path
-) -> tuple[ClaudeRun, list[Received], ClaudeRun, Rig]:
+) -> tuple[ClaudeRun, list[Received], ClaudeRun, Rig, float]:
+    """Direct, then through the proxy; and how many of the proxied run's messages the proxy did not parse again."""
     scripted, root = upstream
     direct = await run_claude(root, PROMPT, tmp_path / "home-direct", tmp_path / "work-direct")
     direct_requests = list(scripted.received)
@@ -78,15 +80,16 @@ async def run_both(
     scripted.sim.reset()  # the proxied run starts with a cold cache, as direct did
     rig = await make_rig(upstream_url=root + "/v1", engine=True)
     rig.holder.settings = replace(rig.holder.settings, models=claude_rows(PROXY_WINDOW))
+    reused = await reused_messages(rig.root)
     proxied = await run_claude(rig.root, PROMPT, tmp_path / "home-proxied", tmp_path / "work-proxied")
-    return direct, direct_requests, proxied, rig
+    return direct, direct_requests, proxied, rig, await reused_messages(rig.root) - reused
 
 
 async def test_claude_code_through_the_proxy_ends_as_direct_within_the_window_and_costs_no_more(
     upstream: tuple[ScriptedMessages, str], make_rig: MakeRig, tmp_path: Path
 ) -> None:
     scripted, _ = upstream
-    direct, direct_requests, proxied, rig = await run_both(upstream, make_rig, tmp_path)
+    direct, direct_requests, proxied, rig, reused = await run_both(upstream, make_rig, tmp_path)
     assert direct.returncode == 0, direct.stderr[-2000:]
     assert proxied.returncode == direct.returncode, (proxied.stderr[-2000:], proxied.result)
     assert direct.answer.startswith(FINAL_PREFIX)
@@ -120,3 +123,10 @@ async def test_claude_code_through_the_proxy_ends_as_direct_within_the_window_an
     assert proxied_cost <= direct_cost, (proxied_cost / direct_cost, [r.usage for r in scripted.received])
     for run in (direct, proxied):
         assert run.addresses and run.addresses <= {"127.0.0.1"}, run.addresses
+    # Claude Code moves its breakpoint to the new last message: every message before the previous last one is
+    # taken from the conversation's last body (proxy.service.body_memos), not parsed again.
+    leading = 0
+    for kind in (MAIN, SUB):
+        sizes = [len(r.body["messages"]) for r in direct_requests if r.kind == kind]
+        leading += sum(size - 1 for size in sizes[:-1])
+    assert reused >= leading, (reused, leading)
