@@ -1,7 +1,7 @@
 """The proxy's per-request work, in this process: parse, `ContextService.prepare`, serialise, record usage.
 
-Parsing goes through `ContextService.parse_body`, as the server's does: a warm chat or Messages turn parses
-only what follows the session's last body (proxy/service/body_memos.py).
+Parsing goes through `ContextService.parse_body`, as the server's does: a warm turn parses only what follows
+the session's last body (proxy/service/body_memos.py).
 
 This is what the server does for a chat request besides moving bytes; measuring it here
 keeps event-loop and socket noise out of CPU figures.
@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from proxy.config.loader import ConfigHolder, load_settings
-from proxy.dialects import CHAT, MESSAGES, Dialect
+from proxy.dialects import CHAT, Dialect
 from proxy.service.engine_service import EngineService, build_context_service
 
 PHASES = ("parse", "prepare", "serialise", "usage")
@@ -35,11 +35,8 @@ def handle(
     """One request as the server handles it, minus the sockets: the turn and CPU ms per phase (chat unless told)."""
     clock = time.process_time
     t0 = clock()
-    if dialect is CHAT or dialect is MESSAGES:
-        parsed = svc.parse_body(raw, path_session=session, headers={}, credential="sk-bench", dialect=dialect)
-        body, digests = parsed.body, parsed.digests
-    else:
-        body, digests = dialect.parse(raw), None
+    parsed = svc.parse_body(raw, path_session=session, headers={}, credential="sk-bench", dialect=dialect)
+    body, digests = parsed.body, parsed.digests
     t1 = clock()
     turn = svc.prepare(
         path_session=session, headers={}, body=body, credential="sk-bench", digests=digests, dialect=dialect

@@ -13,11 +13,19 @@ from hypothesis import strategies as st
 from proxy.context.messages import message_digest
 from proxy.demo.traces import load_trace, requests
 from proxy.demo.traces_messages import messages_requests
-from proxy.dialects import MESSAGES
+from proxy.demo.traces_responses import responses_requests
+from proxy.dialects import MESSAGES, RESPONSES
 from proxy.dialects.base import kept_json
 from proxy.dialects.body_checks import InvalidRequest, parse_chat_body
 from proxy.service import body_memos as bodies_module
-from proxy.service.body_memos import MESSAGES_READING, PER_SCOPE, BodyMemos, array_end, messages_start
+from proxy.service.body_memos import (
+    MESSAGES_READING,
+    PER_SCOPE,
+    RESPONSES_READING,
+    BodyMemos,
+    array_end,
+    messages_start,
+)
 
 TRACE = load_trace("sweagent_marshmallow-1867.json")
 MB = 1024 * 1024
@@ -286,3 +294,45 @@ def test_messages_bodies_reuse_what_leads_their_moved_breakpoint_and_equal_the_f
         assert parsed.digests == [kept_json(m) for m in parsed.body["messages"]]
         assert parsed.reused == (0 if k == 0 else previous - 1 if marks == "claude-code" else previous), k
         previous = len(body["messages"])
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_responses_bodies_reuse_every_earlier_item_and_map_as_the_full_parse(name):
+    """Codex sends its whole `input` every turn: each body reuses the last one's items, each item keyed by its exact
+    JSON, from which the dialect joins each group's JSON instead of dumping the group again."""
+    memos = BodyMemos(64 * MB)
+    previous = 0
+    for k, body in enumerate(responses_requests(load_trace("mini_django-11138.tools.json"), "gpt-5")):
+        raw = FORMATS[name](body)
+        parsed = memos.parse(raw, "s", RESPONSES_READING)
+        full = RESPONSES.parse(raw)
+        assert orjson.dumps(parsed.body) == orjson.dumps(full)  # what goes upstream
+        assert parsed.digests == [kept_json(item) for item in full["input"]]
+        assert parsed.reused == (0 if k == 0 else previous), k
+        mapped, anew = RESPONSES.conversation(parsed.body, parsed.digests), RESPONSES.conversation(full)
+        assert mapped.made_from == anew.made_from and mapped.digests == anew.digests
+        previous = len(body["input"])
+
+
+def test_a_bad_new_input_item_is_refused_as_the_full_parse_refuses_it():
+    memos = BodyMemos(64 * MB)
+    items = [{"type": "message", "role": "user", "content": "hi"}]
+    memos.parse(sdk_json({"model": "m", "input": items}), "s", RESPONSES_READING)
+    for bad, param in (([*items, 7], "input[1]"), ([*items, {"type": "message", "role": "robot"}], "input[1].role")):
+        raw = sdk_json({"model": "m", "input": bad})
+        with pytest.raises(InvalidRequest) as shortcut:
+            memos.parse(raw, "s", RESPONSES_READING)
+        with pytest.raises(InvalidRequest) as full:
+            RESPONSES.parse(raw)
+        assert (
+            (shortcut.value.param, shortcut.value.message)
+            == (full.value.param, full.value.message)
+            == (
+                param,
+                full.value.message,
+            )
+        )
+    raw = sdk_json({"model": "m", "input": [*items, items[0]], "instructions": 3})
+    with pytest.raises(InvalidRequest) as caught:
+        memos.parse(raw, "s", RESPONSES_READING)
+    assert caught.value.param == "instructions"

@@ -233,7 +233,13 @@ def _check(body: Any) -> dict[str, Any]:
         raise InvalidRequest(
             "Invalid type for 'input': expected a string or an array of items.", "input", "invalid_type"
         )
-    for i, item in enumerate(items if isinstance(items, list) else ()):
+    check_input(body, items if isinstance(items, list) else [], 0)
+    return body
+
+
+def check_input(body: dict[str, Any], items: list[Any], offset: int) -> None:
+    """Raise InvalidRequest for the first malformed item of `items` (`input[offset:]`), then for `instructions`."""
+    for i, item in enumerate(items, offset):
         if not isinstance(item, dict):
             raise InvalidRequest(f"Invalid type for 'input[{i}]': expected an object.", f"input[{i}]", "invalid_type")
         if _type(item) == "message" and item.get("role") not in ROLES:
@@ -245,7 +251,24 @@ def _check(body: Any) -> dict[str, Any]:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str | list):
         raise InvalidRequest("Invalid type for 'instructions': expected a string.", "instructions", "invalid_type")
-    return body
+
+
+def _group_json(group: Group, keys: Sequence[bytes]) -> bytes:
+    """`kept_json([group.kind, group.editable, *group.items])` from its items' own JSON (`keys`, the body memo's):
+    orjson writes a list as its items' bytes between `[`, `,` and `]`, so no item is dumped again."""
+    return b"".join((b'["', group.kind.encode(), b'",', str(group.editable).encode(), b",", b",".join(keys), b"]"))
+
+
+def _made_from(groups: Sequence[Group], keys: Sequence[bytes] | None) -> list[bytes]:
+    """Each group's JSON; from the items' keys where the body memo made them (`keys`: one per input item)."""
+    made, at = [], 0
+    for group in groups:
+        if keys is None or group.kind != "items":
+            made.append(kept_json([group.kind, group.editable, *group.items]))
+            continue
+        made.append(_group_json(group, keys[at : at + len(group.items)]))
+        at += len(group.items)
+    return made
 
 
 class ResponsesDialect(OpenAIWords):
@@ -279,7 +302,8 @@ class ResponsesDialect(OpenAIWords):
         groups += [Group("text", (items,), 0)] if isinstance(items, str) else _groups(items)
         # Each group's JSON (exact: `true` is not `1` here): a group equal to the one at its place in the conversation
         # this body continues takes that one's engine message and digest again, instead of mapping it anew.
-        made_from = [kept_json([group.kind, group.editable, *group.items]) for group in groups]
+        keys = digests if isinstance(items, list) and digests is not None and len(digests) == len(items) else None
+        made_from = _made_from(groups, keys)
         prior = continued(made_from, previous)
         known = prior.made_from if prior is not None else ()
         messages, digests = [], []

@@ -1,4 +1,4 @@
-"""A session's next body (chat, Messages), parsed only where it differs from the last one.
+"""A session's next body (chat, Messages, Responses), parsed only where it differs from the last one.
 
 An agent's request repeats its previous request byte for byte and appends a few messages.
 Parsing, validating and digesting the repeated part again is most of a warm turn's CPU on
@@ -15,6 +15,7 @@ cache breakpoint from the last message to the new last one, so its previous last
 changes), those stand in for the marker and the rest is parsed the same way.
 When the bytes after the messages are the last body's too (an agent's tools, model and options
 rarely change), only the new messages are parsed and the other fields are the last body's values.
+A Responses body is read the same way, its `input` items standing for the messages.
 Every other case (a first request, an edited history, a body this module cannot read)
 takes the full parse, which remains the reference.
 """
@@ -36,13 +37,13 @@ from proxy.context.messages import message_digest
 from proxy.dialects.base import kept_json
 from proxy.dialects.body_checks import check_messages, has_wide_number, may_hold_wide_integer, parse_chat_body
 from proxy.dialects.messages import MESSAGES
+from proxy.dialects.responses import RESPONSES, check_input
 
 # Stands in for the remembered messages; random per process, so no client can send it.
 MARKER = "\x00context-proxy-remembered-" + secrets.token_hex(16)
 _MARKER_JSON = orjson.dumps(MARKER)
 # A JSON string, or one bracket (outside strings, since strings are matched whole).
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
-_MESSAGES_KEY = re.compile(rb'"messages"\s*:\s*\[\s*')
 _OPEN, _QUOTE = frozenset(b"[{"), ord('"')  # any other token is a closing bracket
 # Memos per client and session name (one per conversation in it): the candidates a request is compared with.
 PER_SCOPE = 32
@@ -54,26 +55,39 @@ RECENT_OUTCOMES = 256  # memo hits and evictions weighed for the thrash check (o
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """How one API's bodies are read: the full parse (the reference: the client's exact errors), the check of
-    the messages a memo did not hold (given where they start), and the key each message is known by."""
+    """How one API's bodies are read: the full parse (the reference: the client's exact errors), the array of
+    messages (`field`), the check of a body whose messages past `offset` the memo did not hold, and the key each
+    message is known by (`key_is_json`: as large as the message, so a memo holds it too)."""
 
     parse: Callable[[bytes], dict[str, Any]]
-    check: Callable[[list[Any], int], None]
+    field: str
+    check: Callable[[dict[str, Any], list[Any], int], None]
     key: Callable[[Any], bytes]
+    key_is_json: bool = False
+
+    @property
+    def array(self) -> re.Pattern[bytes]:
+        return _ARRAYS[self.field]
 
 
-def _check_chat(messages: list[Any], offset: int) -> None:
+_ARRAYS = {field: re.compile(rb'"' + field.encode() + rb'"\s*:\s*\[\s*') for field in ("messages", "input")}
+
+
+def _check_chat(body: dict[str, Any], messages: list[Any], offset: int) -> None:
     check_messages(messages, offset=offset)
 
 
-def _check_nothing(messages: list[Any], offset: int) -> None:
+def _check_nothing(body: dict[str, Any], messages: list[Any], offset: int) -> None:
     """Messages bodies: what the adapter cannot map goes as sent (`MessagesDialect.unedited_reason`)."""
 
 
-# Chat: each message's `message_digest`. Messages: each message's exact JSON, which the dialect compares with the
-# conversation a body continues (`proxy.dialects.messages`); made once per message, not once per turn.
-CHAT_READING = Reading(parse_chat_body, _check_chat, message_digest)
-MESSAGES_READING = Reading(MESSAGES.parse, _check_nothing, kept_json)
+# Chat: each message's `message_digest`. Messages and Responses: each message's (input item's) exact JSON, which
+# the dialect compares with the conversation a body continues (`proxy.dialects.messages`, `.responses`); made
+# once per message, not once per turn.
+CHAT_READING = Reading(parse_chat_body, "messages", _check_chat, message_digest)
+MESSAGES_READING = Reading(MESSAGES.parse, "messages", _check_nothing, kept_json, key_is_json=True)
+RESPONSES_READING = Reading(RESPONSES.parse, "input", check_input, kept_json, key_is_json=True)
+READINGS = {"chat": CHAT_READING, "messages": MESSAGES_READING, "responses": RESPONSES_READING}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +113,12 @@ class _Memo:
     after: bytes  # the body after its last message: the array's close and the fields that follow
     body: dict[str, Any]  # the body parsed: its other fields are reused while `after` is unchanged; never mutated
     notes: dict[str, Any]
+    per_byte: int = 3  # what it holds per byte of JSON: the bytes, their parsed objects (about twice), the keys
 
     @property
     def cost(self) -> int:
-        """Bytes held, roughly: the raw bytes kept plus their parsed objects (about twice the JSON). A Messages
-        memo's keys (each message's JSON) are the very bytes its conversation keeps, counted there."""
-        return 3 * (len(self.prefix) + len(self.after))
+        """Bytes held, roughly: the raw bytes kept plus their parsed objects (and keys as large as the JSON)."""
+        return self.per_byte * (len(self.prefix) + len(self.after))
 
 
 def element_ends(raw: bytes, at: int) -> list[int] | None:
@@ -136,8 +150,8 @@ def array_end(raw: bytes, at: int) -> int | None:
     return None if ends is None else (ends[-1] if ends else at)
 
 
-def messages_start(raw: bytes) -> int | None:
-    """Offset of the first element of the top-level `messages` array, or None.
+def messages_start(raw: bytes, array: re.Pattern[bytes] = _ARRAYS["messages"]) -> int | None:
+    """Offset of the first element of the top-level `messages` array (or the one `array` finds), or None.
 
     Only a key at the top level counts: brackets and strings are tracked from the start.
     """
@@ -145,17 +159,17 @@ def messages_start(raw: bytes) -> int | None:
     for match in _TOKEN.finditer(raw):
         byte = raw[match.start()]
         if byte == _QUOTE:
-            if depth == 1 and (key := _MESSAGES_KEY.match(raw, match.start())):
+            if depth == 1 and (key := array.match(raw, match.start())):
                 return key.end()
             continue
         depth += 1 if byte in _OPEN else -1
     return None
 
 
-def _remembered(raw: bytes, parsed: Parsed) -> _Memo | None:
+def _remembered(raw: bytes, parsed: Parsed, reading: Reading) -> _Memo | None:
     """A memo of a fully parsed body, when its messages array can be located and checked."""
-    body, messages = parsed.body, parsed.body.get("messages")
-    start = messages_start(raw)
+    body, messages = parsed.body, parsed.body.get(reading.field)
+    start = messages_start(raw, reading.array)
     if start is None or not isinstance(messages, list) or not messages:
         return None
     ends = element_ends(raw, start)
@@ -168,9 +182,10 @@ def _remembered(raw: bytes, parsed: Parsed) -> _Memo | None:
         check = orjson.loads(raw[:start] + _MARKER_JSON + raw[end:])
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(check, dict) or check.get("messages") != [MARKER]:
+    if not isinstance(check, dict) or check.get(reading.field) != [MARKER]:
         return None
-    return _Memo(raw[:end], start, tuple(ends), messages, parsed.digests, raw[end:], body, parsed.notes)
+    per_byte = 4 if reading.key_is_json else 3
+    return _Memo(raw[:end], start, tuple(ends), messages, parsed.digests, raw[end:], body, parsed.notes, per_byte)
 
 
 def _leading(memo: _Memo, raw: bytes) -> int:
@@ -213,18 +228,19 @@ def _extend(memo: _Memo, raw: bytes, reading: Reading, kept: int) -> tuple[Parse
             return None  # not a body to extend: the full parse judges it (and gives the client its exact error)
         if (may_hold_wide_integer(raw[: memo.start]) or may_hold_wide_integer(raw[known:])) and has_wide_number(body):
             return None  # one to parse exactly (body_checks)
-        tail, notes = body.get("messages"), {}
+        tail, notes = body.get(reading.field), {}
     if not isinstance(tail, list) or not tail or tail[0] != MARKER:
         return None
     new = tail[1:]
     if len(new) != len(ends):
         return None  # an element that is no object: the full parse judges it
-    reading.check(new, kept)
+    reading.check(body, new, kept)
     messages = memo.messages[:kept] + new
     digests = memo.digests[:kept] + [reading.key(m) for m in new]
-    body["messages"] = messages
+    body[reading.field] = messages
     parsed = Parsed(body, digests, reused=kept, notes=notes)
-    return parsed, _Memo(raw[:end], memo.start, memo.ends[:kept] + tuple(ends), messages, digests, after, body, notes)
+    every_end = memo.ends[:kept] + tuple(ends)
+    return parsed, _Memo(raw[:end], memo.start, every_end, messages, digests, after, body, notes, memo.per_byte)
 
 
 def _loads(doc: bytes) -> Any:
@@ -279,11 +295,11 @@ class BodyMemos:
                     self._add(scope, successor)
                 return parsed
         body = reading.parse(raw)
-        messages = body.get("messages")
+        messages = body.get(reading.field)
         digests = [reading.key(m) for m in messages] if isinstance(messages, list) else []
         parsed = Parsed(body, digests)
         if self._worth_remembering(scope, digests, [memo for _, memo in candidates]):
-            remembered = _remembered(raw, parsed)
+            remembered = _remembered(raw, parsed, reading)
             if remembered is not None and remembered.cost <= self.budget:
                 with self._lock:
                     self._add(scope, remembered)

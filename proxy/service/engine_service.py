@@ -22,10 +22,10 @@ from proxy.context.capsules import Capsule
 from proxy.context.policy import ModelInfo, Policy
 from proxy.context.recall import TOKEN_SETS
 from proxy.context.steps import CutCache
-from proxy.dialects import CHAT, MESSAGES, Conversation, Dialect
+from proxy.dialects import CHAT, Conversation, Dialect
 from proxy.errors import ContextOverflow
 from proxy.service import session_views, turn_metrics
-from proxy.service.body_memos import MESSAGES_READING, BodyMemos, Parsed
+from proxy.service.body_memos import READINGS, BodyMemos, Parsed
 from proxy.service.chains import ResponseChains, UneditedTurn
 from proxy.service.engine_turn import EngineTurn, TurnInputs, cache_is_cold, noted_tools_tokens
 from proxy.service.memory_shares import conversation_budget, cut_budget, memo_budget, sent_budget, token_budget
@@ -141,8 +141,7 @@ class EngineService:
         credential: str,
         dialect: Dialect = CHAT,
     ) -> Parsed:
-        """A chat or Messages body, its repeated prefix taken from this conversation's last body
-        (proxy.service.body_memos)."""
+        """A body, its repeated prefix taken from this conversation's last body (proxy.service.body_memos)."""
         return self._parse_remembered(raw, path_session, headers, _client(credential), dialect)
 
     def _parse_remembered(
@@ -152,8 +151,8 @@ class EngineService:
         scope = _scope(client, path_session, headers)
         if dialect is CHAT:
             parsed = self.bodies.parse(raw, scope)
-        else:  # the same client's Messages bodies are other memos: their messages' keys differ
-            parsed = self.bodies.parse(raw, f"{dialect.name}\x00{scope}", MESSAGES_READING)
+        else:  # the same client's bodies of another API are other memos: their messages' keys differ
+            parsed = self.bodies.parse(raw, f"{dialect.name}\x00{scope}", READINGS[dialect.name])
         turn_metrics.HELD_MEMOS.set(self.bodies.held)
         if parsed.reused:
             turn_metrics.MESSAGES_REUSED.inc(parsed.reused)
@@ -168,10 +167,8 @@ class EngineService:
         credential: str,
         client: str,
     ) -> _Request:
-        memo = dialect is CHAT or dialect is MESSAGES
-        parsed = self._parse_remembered(raw, path_session, headers, client, dialect) if memo else None
-        body, digests = (parsed.body, parsed.digests) if parsed else (dialect.parse(raw), None)
-        notes = parsed.notes if parsed else None
+        parsed = self._parse_remembered(raw, path_session, headers, client, dialect)
+        body, digests, notes = parsed.body, parsed.digests, parsed.notes
         return self._resolve(
             dialect, body, digests, path_session, headers, credential, client, size=len(raw), notes=notes
         )

@@ -23,6 +23,7 @@ from tests.agents.agent_cli import serve_local
 from tests.agents.codex_cli import CodexRun, run_codex
 from tests.agents.responses_upstream import FINAL_PREFIX, Received, ScriptedResponses
 from tests.conftest import MakeRig
+from tests.test_traces_http import reused_messages
 
 MODEL = "gpt-5.1-codex"  # the model Codex asks for; the proxy's table gets an entry with the test's window
 # 600 lines of hex (~25k tokens; Codex sends about 10k tokens of it, its own cap per output).
@@ -71,16 +72,17 @@ async def run_direct_and_proxied(
     scripted.received.clear()
     rig = await make_rig(upstream_url=url, engine=True)
     rig.holder.settings = replace(rig.holder.settings, models=(ModelInfo(pattern=MODEL, context_window=PROXY_WINDOW),))
+    reused = await reused_messages(rig.root)
     proxied = await run_codex(rig.base_url, PROMPT, tmp_path / "home-proxied", tmp_path / "work-proxied")
     assert time.monotonic() - started < 60
-    return direct, proxied, (direct_requests, rig)
+    return direct, proxied, (direct_requests, rig, await reused_messages(rig.root) - reused)
 
 
 async def test_codex_through_the_proxy_ends_as_direct_within_the_window_on_loopback_alone(
     upstream: tuple[ScriptedResponses, str], make_rig: MakeRig, tmp_path: Path
 ) -> None:
     scripted, _ = upstream
-    direct, proxied, (direct_requests, rig) = await run_direct_and_proxied(upstream, make_rig, tmp_path)
+    direct, proxied, (direct_requests, rig, reused) = await run_direct_and_proxied(upstream, make_rig, tmp_path)
     assert direct.returncode == 0, direct.stderr[-2000:]
     assert proxied.returncode == direct.returncode, proxied.stderr[-2000:]
     assert direct.last_message.startswith(FINAL_PREFIX)
@@ -109,3 +111,6 @@ async def test_codex_through_the_proxy_ends_as_direct_within_the_window_on_loopb
     for run in (direct, proxied):
         assert run.addresses and run.addresses <= {"127.0.0.1"}, run.addresses
     assert scripted.upgrades == 2
+    # Codex sends its whole `input` again every turn: every item of the turn before is taken from the last body
+    # (proxy.service.body_memos), not parsed again.
+    assert reused >= sum(len(r.body["input"]) for r in direct_requests[:-1]), reused
