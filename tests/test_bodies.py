@@ -19,6 +19,7 @@ from proxy.dialects.base import kept_json
 from proxy.dialects.body_checks import InvalidRequest, parse_chat_body
 from proxy.service import body_memos as bodies_module
 from proxy.service.body_memos import (
+    CHAT_READING,
     MESSAGES_READING,
     PER_SCOPE,
     RESPONSES_READING,
@@ -336,3 +337,54 @@ def test_a_bad_new_input_item_is_refused_as_the_full_parse_refuses_it():
     with pytest.raises(InvalidRequest) as caught:
         memos.parse(raw, "s", RESPONSES_READING)
     assert caught.value.param == "instructions"
+
+
+element = st.one_of(message, message, message, texts, st.integers(-(2**63), 2**63 - 1), st.none())
+READERS = {"chat": CHAT_READING, "messages": MESSAGES_READING, "responses": RESPONSES_READING}
+
+
+def outcome(read, raw: bytes):
+    """What reading `raw` gives: the body's bytes and its keys, or the client's error (its parameter and words)."""
+    try:
+        parsed = read(raw)
+    except InvalidRequest as refused:
+        return ("refused", refused.param, refused.message)
+    return ("read", orjson.dumps(parsed.body), parsed.digests)
+
+
+@settings(
+    max_examples=int(os.environ.get("HOSTILE_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    api=st.sampled_from(sorted(READERS)),
+    history=st.lists(element, min_size=1, max_size=6),
+    growth=st.lists(st.lists(element, max_size=3), min_size=1, max_size=4),
+    fmt=st.sampled_from(sorted(FORMATS)),
+    edit_at=st.one_of(st.none(), st.integers(min_value=0, max_value=5)),
+    instructions=st.sampled_from([None, "be brief", 3]),
+)
+def test_property_every_api_reads_any_growth_or_edit_as_its_full_parse_does(
+    api, history, growth, fmt, edit_at, instructions
+):
+    """Any history, grown or edited anywhere, with elements no API takes among them: the memo's body and keys, or
+    its refusal, are the full parse's, for chat, Messages and Responses alike."""
+    reading, memos = READERS[api], BodyMemos(64 * MB)
+    field = reading.field
+    items = list(history)
+    for step in range(len(growth) + 1):
+        if step:
+            items = items + growth[step - 1]
+            if edit_at is not None and step == 2 and edit_at < len(items):
+                items[edit_at] = {"role": "user", "content": "edited"}
+        body = {"model": "m", field: items}
+        if instructions is not None and step % 2:
+            body["instructions"] = instructions  # a field past the array that changes between turns
+        raw = FORMATS[fmt](body)
+
+        def full(raw):
+            parsed = reading.parse(raw)
+            return bodies_module.Parsed(parsed, [reading.key(m) for m in parsed[field]])
+
+        assert outcome(lambda raw: memos.parse(raw, "s", reading), raw) == outcome(full, raw)
