@@ -119,10 +119,36 @@ def is_one_hour(control: Any) -> bool:
     return isinstance(control, dict) and control.get("ttl") == "1h"
 
 
+def _last_in(items: Any) -> tuple[bool, Any]:
+    """The last mark of a list of blocks in the order `_collect` meets them (a block after its inner blocks), found
+    from the end: (found, its `cache_control`)."""
+    if isinstance(items, list):
+        for item in reversed(items):
+            if isinstance(item, dict):
+                if "cache_control" in item:
+                    return True, item["cache_control"]
+                found = _last_in(item.get("content"))
+                if found[0]:
+                    return found
+    return False, None
+
+
+def last_mark(body: dict[str, Any]) -> Any:
+    """The `cache_control` of the request's last breakpoint in the order the cache reads them (`marks(body)[-1]`),
+    or None; searched from the end, so a client that marks its last message costs no walk of the others."""
+    messages = body.get("messages")
+    for message in reversed(messages if isinstance(messages, list) else ()):
+        if isinstance(message, dict) and (found := _last_in(message.get("content")))[0]:
+            return found[1]
+    for key in ("system", "tools"):
+        if (found := _last_in(body.get(key)))[0]:
+            return found[1]
+    return None
+
+
 def last_is_one_hour(body: dict[str, Any]) -> bool:
     """Whether the request's last breakpoint asks for the 1-hour TTL: what an edit re-writes is then kept 1 hour."""
-    found = marks(body)
-    return bool(found) and is_one_hour(found[-1])
+    return is_one_hour(last_mark(body))
 
 
 def capped(body: dict[str, Any], taken: int | None = None) -> dict[str, Any]:
