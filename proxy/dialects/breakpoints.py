@@ -137,7 +137,8 @@ def last_mark(body: dict[str, Any]) -> Any:
     """The `cache_control` of the request's last breakpoint in the order the cache reads them (`marks(body)[-1]`),
     or None; searched from the end, so a client that marks its last message costs no walk of the others."""
     messages = body.get("messages")
-    for message in reversed(messages if isinstance(messages, list) else ()):
+    listed: list[Any] = messages if isinstance(messages, list) else []
+    for message in reversed(listed):
         if isinstance(message, dict) and (found := _last_in(message.get("content")))[0]:
             return found[1]
     for key in ("system", "tools"):
