@@ -300,19 +300,24 @@ def test_messages_bodies_reuse_what_leads_their_moved_breakpoint_and_equal_the_f
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_responses_bodies_reuse_every_earlier_item_and_map_as_the_full_parse(name):
     """Codex sends its whole `input` every turn: each body reuses the last one's items, each item keyed by its exact
-    JSON, from which the dialect joins each group's JSON instead of dumping the group again."""
+    JSON, from which the dialect joins each group's JSON instead of dumping the group again; and the conversation it
+    continues lends it the groups of those items."""
     memos = BodyMemos(64 * MB)
-    previous = 0
+    previous, last = 0, None
     for k, body in enumerate(responses_requests(load_trace("mini_django-11138.tools.json"), "gpt-5")):
         raw = FORMATS[name](body)
         parsed = memos.parse(raw, "s", RESPONSES_READING)
         full = RESPONSES.parse(raw)
         assert orjson.dumps(parsed.body) == orjson.dumps(full)  # what goes upstream
+        # The groups of the conversation before whose items are these very objects are taken, not made again.
+        continued = (parsed.body, parsed.digests, [last] if k else [])
         assert parsed.digests == [kept_json(item) for item in full["input"]]
         assert parsed.reused == (0 if k == 0 else previous), k
-        mapped, anew = RESPONSES.conversation(parsed.body, parsed.digests), RESPONSES.conversation(full)
-        assert mapped.made_from == anew.made_from and mapped.digests == anew.digests
-        previous = len(body["input"])
+        anew = RESPONSES.conversation(full)
+        for mapped in (RESPONSES.conversation(parsed.body, parsed.digests), RESPONSES.conversation(*continued)):
+            assert mapped.groups == anew.groups and mapped.made_from == anew.made_from
+            assert mapped.digests == anew.digests and mapped.messages == anew.messages
+        previous, last = len(body["input"]), mapped
 
 
 def test_a_bad_new_input_item_is_refused_as_the_full_parse_refuses_it():
@@ -388,3 +393,20 @@ def test_property_every_api_reads_any_growth_or_edit_as_its_full_parse_does(
             return bodies_module.Parsed(parsed, [reading.key(m) for m in parsed[field]])
 
         assert outcome(lambda raw: memos.parse(raw, "s", reading), raw) == outcome(full, raw)
+
+
+def test_a_responses_group_is_taken_from_the_conversation_before_only_where_the_item_after_it_is_the_same():
+    """A group ends where the item after it says (an assistant message takes the calls right after it): an edited
+    history whose item after a group is now a call groups that message anew, with the call."""
+    user = {"type": "message", "role": "user", "content": "fix the test"}
+    said = {"type": "message", "role": "assistant", "content": "looking"}
+    again = {"type": "message", "role": "user", "content": "go on"}
+    call = {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    before = RESPONSES.conversation({"model": "m", "input": [user, said, again, said]})
+    for items in ([user, said, call, output], [user, said, again, said, again]):
+        body = {"model": "m", "input": items}
+        continued, anew = RESPONSES.conversation(body, None, [before]), RESPONSES.conversation(body)
+        assert continued.groups == anew.groups and continued.made_from == anew.made_from
+        assert continued.messages == anew.messages and continued.digests == anew.digests
+    assert RESPONSES.conversation(body, None, [before]).groups[1] is before.groups[1]  # [said], `again` after it

@@ -18,6 +18,7 @@ group goes as the client sent it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -271,6 +272,30 @@ def _made_from(groups: Sequence[Group], keys: Sequence[bytes] | None) -> list[by
     return made
 
 
+def _grouped_before(items: Sequence[Any], previous: Sequence[Conversation]) -> tuple[list[Group], list[bytes]]:
+    """The leading item groups of a conversation this body may continue whose items are these very objects (the body
+    memo's), with each one's JSON: `_groups` would make them again, since it decides where a group ends by the item
+    after it, and that item is the same object too. The most such groups of any of `previous`."""
+    best: tuple[list[Group], list[bytes]] = ([], [])
+    for conversation in previous:
+        pairs = [
+            (group, made)
+            for group, made in zip(conversation.groups, conversation.made_from, strict=False)
+            if isinstance(group, Group) and group.kind == "items"
+        ]
+        at, count = 0, 0
+        for (group, _), (after, _) in itertools.pairwise(pairs):
+            end = at + len(group.items)
+            if end >= len(items) or items[end] is not after.items[0]:
+                break
+            if any(mine is not theirs for mine, theirs in zip(items[at:end], group.items, strict=True)):
+                break
+            at, count = end, count + 1
+        if count > len(best[0]):
+            best = [group for group, _ in pairs[:count]], [made for _, made in pairs[:count]]
+    return best
+
+
 class ResponsesDialect(OpenAIWords):
     """OpenAI Responses with the whole history in `input` (stateless: Codex CLI, the Agents SDK)."""
 
@@ -299,11 +324,19 @@ class ResponsesDialect(OpenAIWords):
         if instructions:
             groups.append(Group("instructions", (instructions,), 0 if isinstance(instructions, str) else -1))
         items = body["input"]
-        groups += [Group("text", (items,), 0)] if isinstance(items, str) else _groups(items)
         # Each group's JSON (exact: `true` is not `1` here): a group equal to the one at its place in the conversation
         # this body continues takes that one's engine message and digest again, instead of mapping it anew.
-        keys = digests if isinstance(items, list) and digests is not None and len(digests) == len(items) else None
-        made_from = _made_from(groups, keys)
+        made_from = _made_from(groups, None)
+        if isinstance(items, str):
+            groups.append(Group("text", (items,), 0))
+            made_from += _made_from(groups[-1:], None)
+        else:
+            kept, kept_made = _grouped_before(items, previous)
+            start = sum(len(group.items) for group in kept)
+            new = _groups(items[start:])
+            keys = digests[start:] if digests is not None and len(digests) == len(items) else None
+            groups += kept + new
+            made_from += kept_made + _made_from(new, keys)
         prior = continued(made_from, previous)
         known = prior.made_from if prior is not None else ()
         messages, digests = [], []
