@@ -68,9 +68,16 @@ def _validate(body: Any) -> dict[str, Any]:
 
 
 def _is_blocks(content: Any) -> bool:
-    return isinstance(content, str) or (
-        isinstance(content, list) and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)
-    )
+    if isinstance(content, str):
+        return True
+    if not isinstance(content, list):
+        return False
+    # A loop, not all() over a generator (SIM110): it runs for every block of every message every turn, and the
+    # generator doubles its cost (454 -> 230 us on a 200k-token body, timeit).
+    for block in content:  # noqa: SIM110
+        if not (isinstance(block, dict) and isinstance(block.get("type"), str)):
+            return False
+    return True
 
 
 def _unmodelled(body: Mapping[str, Any]) -> str | None:
@@ -234,7 +241,18 @@ class MessagesDialect:
             else [kept_json(message) for message in body["messages"]]
         )
         prior, spans = _continued(made_from, previous)
-        for i, message in enumerate(body["messages"]):
+        same = 0  # the leading messages with the same bytes as those they continue: their engine messages in one go
+        if prior is not None:
+            limit = min(len(spans), len(made_from))
+            while same < limit and prior.made_from[same] == made_from[same]:
+                same += 1
+            if same:
+                start, end = spans[0][0], spans[same - 1][1]
+                messages += prior.messages[start:end]
+                groups += prior.groups[start:end]
+                keys += prior.digests[start:end]
+        for i in range(same, len(body["messages"])):
+            message = body["messages"][i]
             if prior is not None and i < len(spans) and prior.made_from[i] == made_from[i]:
                 start, end = spans[i]  # the same bytes as the message it continues: its engine messages again
                 messages += prior.messages[start:end]
