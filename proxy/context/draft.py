@@ -7,6 +7,7 @@ which output message renders which client message.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -87,9 +88,14 @@ class Draft:
         new = sum(tokens[self.first_new :])
         return billed_input(self.discount, self.model.write_factor, sum(tokens) - new, new)
 
-    def replies(self) -> int:
-        """The assistant messages in the request: the turns the session has had before this one."""
+    @functools.cached_property
+    def _replies(self) -> int:
         return sum(1 for m in self.messages if m.get("role") == "assistant")
+
+    def replies(self) -> int:
+        """The assistant messages in the request: the turns the session has had before this one (counted once a
+        request: the messages do not change while it is drafted)."""
+        return self._replies
 
     def assured_turns(self) -> int:
         """Turns after this one that all but `survival.RISK` of the agent's sessions this long outlasted."""
