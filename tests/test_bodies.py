@@ -203,7 +203,7 @@ def test_a_history_edited_every_turn_reuses_what_leads_the_edit_without_scanning
     other = sdk_json({"messages": [system, {"role": "user", "content": "another task"}], "model": "m"})
     assert memos.parse(other, "s").reused == 1  # the system prompt, from the memo it leads
     assert memos.parse(other, "s").reused == 2
-    assert len(memos) == 1  # both open with the same system prompt: one conversation's memo
+    assert len(memos) == 2  # another conversation: the one whose system prompt it reused keeps its memo
 
 
 def test_a_client_that_writes_its_history_anew_every_turn_stops_costing_memos(scans):
@@ -410,3 +410,18 @@ def test_a_responses_group_is_taken_from_the_conversation_before_only_where_the_
         assert continued.groups == anew.groups and continued.made_from == anew.made_from
         assert continued.messages == anew.messages and continued.digests == anew.digests
     assert RESPONSES.conversation(body, None, [before]).groups[1] is before.groups[1]  # [said], `again` after it
+
+
+def test_a_conversation_that_borrows_another_ones_leading_messages_leaves_that_ones_memo_in_place():
+    """Two conversations of one scope open with the same system prompt. A new one reuses the other's first message,
+    and the other's next body still extends its own memo: the borrowed memo is not taken away from it."""
+    memos = BodyMemos(64 * MB)
+    system = {"role": "system", "content": "you are an agent " * 50}
+    one = [system, {"role": "user", "content": "task one"}, {"role": "assistant", "content": "on it"}]
+    memos.parse(sdk_json({"messages": one, "model": "m"}), "s")
+    other = [system, {"role": "user", "content": "task two"}]
+    assert memos.parse(sdk_json({"messages": other, "model": "m"}), "s").reused == 1
+    grown = [*one, {"role": "user", "content": "go on"}]
+    assert memos.parse(sdk_json({"messages": grown, "model": "m"}), "s").reused == len(one)
+    assert memos.parse(sdk_json({"messages": [*other, one[2]], "model": "m"}), "s").reused == len(other)
+    assert len(memos) == 2

@@ -291,8 +291,9 @@ class BodyMemos:
                 with self._lock:
                     self._misses.pop((scope, _opening(parsed.digests)), None)
                     self._count(hit=True)
-                    self._drop(key)
-                    self._add(scope, successor)
+                    if kept == len(memo.ends) or _opening(memo.digests) == _opening(successor.digests):
+                        self._drop(key)  # its conversation's next body stands in for it
+                    self._add(scope, successor)  # (else it led another conversation: both stay)
                 return parsed
         body = reading.parse(raw)
         messages = body.get(reading.field)
