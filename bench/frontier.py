@@ -220,7 +220,7 @@ class _Oracle(Clearing):
         self.n, self.epochs = n, epochs
 
     def plan(self, draft: Draft, out: list[Message], counts: list[int], *, forced: bool) -> ClearPlan | None:
-        turn = draft.replies()
+        turn = draft.replies
         if turn not in self.epochs and not forced:
             return None
         journal, last = draft.journal, len(draft.messages) - 1

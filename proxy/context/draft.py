@@ -89,17 +89,14 @@ class Draft:
         return billed_input(self.discount, self.model.write_factor, sum(tokens) - new, new)
 
     @functools.cached_property
-    def _replies(self) -> int:
-        return sum(1 for m in self.messages if m.get("role") == "assistant")
-
     def replies(self) -> int:
         """The assistant messages in the request: the turns the session has had before this one (counted once a
         request: the messages do not change while it is drafted)."""
-        return self._replies
+        return sum(1 for m in self.messages if m.get("role") == "assistant")
 
     def assured_turns(self) -> int:
         """Turns after this one that all but `survival.RISK` of the agent's sessions this long outlasted."""
-        return self.lifetimes.assured_turns(self.replies() + 1)
+        return self.lifetimes.assured_turns(self.replies + 1)
 
     def direct_so_far(self) -> float:
         """What the client's requests would have billed so far, this one's included: what a bet is read against."""
@@ -125,7 +122,7 @@ class Draft:
         and `grown` tokens standing whole again through it (a compaction pointing into what it clears), or -1 when
         it costs more this turn than `economics.within_budget` allows with the session's bank, the first turn's
         bill while no edit was made, its agent's history and its direct bill so far."""
-        d, w, turns, lifetimes = self.discount, self.model.write_factor, self.replies(), self.lifetimes
+        d, w, turns, lifetimes = self.discount, self.model.write_factor, self.replies, self.lifetimes
         banked, risk_turns, behind = self.journal.banked, self.policy.first_edit_risk_turns, self.policy.bet_overrun
         first_turn = 0.0 if self.journal.epochs else self.direct_bill()  # what a first edit may bet a share of
         assured, direct = self.assured_turns(), self.direct_so_far()

@@ -241,24 +241,20 @@ class MessagesDialect:
             else [kept_json(message) for message in body["messages"]]
         )
         prior, spans = _continued(made_from, previous)
-        same = 0  # the leading messages with the same bytes as those they continue: their engine messages in one go
-        if prior is not None:
-            limit = min(len(spans), len(made_from))
-            while same < limit and prior.made_from[same] == made_from[same]:
-                same += 1
-            if same:
-                start, end = spans[0][0], spans[same - 1][1]
+        count, i = len(body["messages"]), 0
+        limit = min(len(spans), count)  # spans: one per message of the conversation continued (none without one)
+        while i < count:
+            run = i  # a run of messages with the same bytes as those they continue: their engine messages in one go
+            while prior is not None and run < limit and prior.made_from[run] == made_from[run]:
+                run += 1
+            if prior is not None and run > i:
+                start, end = spans[i][0], spans[run - 1][1]
                 messages += prior.messages[start:end]
                 groups += prior.groups[start:end]
                 keys += prior.digests[start:end]
-        for i in range(same, len(body["messages"])):
-            message = body["messages"][i]
-            if prior is not None and i < len(spans) and prior.made_from[i] == made_from[i]:
-                start, end = spans[i]  # the same bytes as the message it continues: its engine messages again
-                messages += prior.messages[start:end]
-                groups += prior.groups[start:end]
-                keys += prior.digests[start:end]
+                i = run
                 continue
+            message = body["messages"][i]
             blocks = content_blocks(message["content"])
             role = message["role"]
             if role == "user":
@@ -269,6 +265,7 @@ class MessagesDialect:
                 messages.append(engine)
                 groups.append((i, indices))
                 keys.append(group_digest([role, engine["role"], [_stripped(blocks[j]) for j in indices]]))
+            i += 1
         hour = last_is_one_hour(dict(body))
         return Conversation(
             messages=messages,

@@ -189,9 +189,8 @@ def _remembered(raw: bytes, parsed: Parsed, reading: Reading) -> _Memo | None:
 
 
 def _leading(memo: _Memo, raw: bytes) -> int:
-    """How many of the memo's messages `raw` starts with, byte for byte (0: not even the first)."""
-    if raw.startswith(memo.prefix):
-        return len(memo.ends)
+    """How many of the memo's messages `raw` starts with, byte for byte (0: not even the first), for a `raw` that
+    does not start with all of them (the caller compared the whole prefix first)."""
     prefix, ends = memoryview(memo.prefix), memo.ends
     if not raw.startswith(prefix[: ends[0]]):
         return 0

@@ -148,11 +148,9 @@ class EngineService:
         self, raw: bytes, path_session: str | None, headers: Mapping[str, str], client: str, dialect: Dialect = CHAT
     ) -> Parsed:
         self.bodies.budget = memo_budget(self.holder.settings.state)  # follows a config reload
-        scope = _scope(client, path_session, headers)
-        if dialect is CHAT:
-            parsed = self.bodies.parse(raw, scope)
-        else:  # the same client's bodies of another API are other memos: their messages' keys differ
-            parsed = self.bodies.parse(raw, f"{dialect.name}\x00{scope}", READINGS[dialect.name])
+        # One client's bodies of two APIs are memos apart: their messages' keys differ.
+        scope = f"{dialect.name}\x00{_scope(client, path_session, headers)}"
+        parsed = self.bodies.parse(raw, scope, READINGS[dialect.name])
         turn_metrics.HELD_MEMOS.set(self.bodies.held)
         if parsed.reused:
             turn_metrics.MESSAGES_REUSED.inc(parsed.reused)

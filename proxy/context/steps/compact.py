@@ -79,7 +79,7 @@ class Compaction:
             return None
         d, w = draft.discount, draft.model.write_factor
         cost = w * after - d * before
-        pays = epoch_saving(d, freed, expected_turns_to_come(draft.replies(), draft.lifetimes)) > cost
+        pays = epoch_saving(d, freed, expected_turns_to_come(draft.replies, draft.lifetimes)) > cost
         assured, direct = draft.assured_turns(), draft.direct_so_far()
         if cost > 0 and not (
             pays
