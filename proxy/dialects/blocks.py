@@ -1,6 +1,6 @@
 """Anthropic Messages content blocks as the engine reads them: the blocks of a content, the text they are counted
 by, and the tokens their images and PDFs are billed (`proxy.dialects.messages` maps messages with them,
-`proxy.dialects.breakpoints` finds and places marks in them)."""
+`proxy.dialects.breakpoints` finds and places marks in them), and whether a body has the shape they are read in."""
 
 from __future__ import annotations
 
@@ -65,3 +65,34 @@ def media_tokens(blocks: Sequence[Any]) -> int:
         else:
             total += anthropic_block_tokens(block)
     return total
+
+
+def _is_blocks(content: Any) -> bool:
+    if isinstance(content, str):
+        return True
+    if not isinstance(content, list):
+        return False
+    # A loop, not all() over a generator (SIM110): it runs for every block of every message every turn, and the
+    # generator doubles its cost (454 -> 230 us on a 200k-token body, timeit).
+    for block in content:  # noqa: SIM110
+        if not (isinstance(block, dict) and isinstance(block.get("type"), str)):
+            return False
+    return True
+
+
+def unmodelled(body: Mapping[str, Any]) -> str | None:
+    """Where the body has a shape this adapter does not map (the request then goes as sent), or None."""
+    if not isinstance(body.get("model"), str):
+        return "model"
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return "messages"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return f"messages.{i}"
+        if not _is_blocks(message.get("content")):
+            return f"messages.{i}.content"
+    system = body.get("system")
+    if system is not None and not _is_blocks(system):
+        return "system"
+    return None

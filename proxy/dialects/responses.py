@@ -18,9 +18,7 @@ group goes as the client sent it.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -35,13 +33,13 @@ from proxy.dialects.base import (
     continued,
     group_digest,
     keeps_media,
-    kept_json,
     opaque,
     retention_ttl,
     with_media,
 )
 from proxy.dialects.body_checks import json_body
 from proxy.dialects.chat import max_output_tokens
+from proxy.dialects.responses_groups import Group, grouped, grouped_before, groups_json, is_call, is_output, item_type
 from proxy.dialects.responses_refusals import overflow_tokens, stream_undecided
 from proxy.errors import InvalidRequest, error_body
 from proxy.tokens.media import openai_part_tokens
@@ -54,33 +52,11 @@ SEALED_CHARS_PER_TOKEN = 5
 CODEX_SESSION_HEADERS = ("session-id", "session_id")  # Codex 0.17x sends the first; older ones the second
 
 
-@dataclass(frozen=True, slots=True)
-class Group:
-    """What one engine message was made from: `instructions`, the `input` string, or input items."""
-
-    kind: str  # "instructions" | "text" | "items"
-    items: tuple[Any, ...]
-    editable: int = -1  # the item an edit of the engine message is written into (-1: none)
-
-
 def _header(headers: Mapping[str, str], name: str) -> str | None:
     """The header `name` (lower case) from aiohttp's headers, or from a plain dict whose keys are as sent."""
     if hasattr(headers, "getall"):
         return headers.get(name)
     return next((v for k, v in headers.items() if k.lower() == name), None)
-
-
-def _type(item: Mapping[str, Any]) -> str:
-    kind = item.get("type")
-    return kind if isinstance(kind, str) else "message" if "role" in item else ""
-
-
-def _is_call(item: Mapping[str, Any]) -> bool:
-    return _type(item).endswith("_call") and isinstance(item.get("call_id"), str)
-
-
-def _is_output(item: Mapping[str, Any]) -> bool:
-    return _type(item).endswith("_call_output") and isinstance(item.get("call_id"), str)
 
 
 def _parts_text(parts: Any) -> str | None:
@@ -115,11 +91,11 @@ def _media_parts(parts: Any) -> tuple[str, int] | None:
 def _countable(item: Mapping[str, Any]) -> str:
     """The text an opaque item is counted by: a reasoning item's summary (`_sealed_tokens` counts its blob), else
     its JSON."""
-    if _type(item) == "reasoning":
+    if item_type(item) == "reasoning":
         summary = item.get("summary")
         texts = [p.get("text") for p in summary if isinstance(p, dict)] if isinstance(summary, list) else []
         return "\n".join(t for t in texts if isinstance(t, str))
-    if _type(item) == "message":
+    if item_type(item) == "message":
         text = _parts_text(item.get("content"))
         return text if text is not None else orjson.dumps(item.get("content")).decode()
     return orjson.dumps(item).decode()
@@ -130,7 +106,7 @@ def _sealed_tokens(items: Sequence[Mapping[str, Any]]) -> int:
     the upstream may bill the reasoning the blob carries rather than the blob's own characters (base64 of ciphertext
     counts several times more tokens than the text it seals). What it does bill is learned from usage
     (`Calibration.sealed_scale`): a blob is counted at this estimate times that scale."""
-    blobs = [item.get("encrypted_content") for item in items if _type(item) == "reasoning"]
+    blobs = [item.get("encrypted_content") for item in items if item_type(item) == "reasoning"]
     return sum(len(blob) // SEALED_CHARS_PER_TOKEN for blob in blobs if isinstance(blob, str))
 
 
@@ -147,22 +123,22 @@ def _call(item: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": item["call_id"],
         "type": "function",
-        "function": {"name": name or _type(item), "arguments": arguments},
+        "function": {"name": name or item_type(item), "arguments": arguments},
     }
 
 
 def _message(group: Group, scale: float = 1.0) -> Message:
     """The engine message a group of items stands for (`scale`: `_said`'s)."""
     items = group.items
-    calls = [item for item in items if _is_call(item)]
+    calls = [item for item in items if is_call(item)]
     if calls:
-        said = [item for item in items if not _is_call(item)]  # its reasoning and text: counted, never edited
+        said = [item for item in items if not is_call(item)]  # its reasoning and text: counted, never edited
         content = _said(said, scale) if said else None
         return {"role": "assistant", "content": content, "tool_calls": [_call(item) for item in calls]}
     if group.editable < 0:
         return {"role": "assistant", "content": _said(items, scale)}
     item = items[group.editable]
-    if _is_output(item):
+    if is_output(item):
         output = item.get("output")
         text = _parts_text(output)
         if text is not None:
@@ -176,43 +152,12 @@ def _message(group: Group, scale: float = 1.0) -> Message:
     return {"role": item["role"], "content": text if text is not None else opaque(_countable(item))}
 
 
-def _groups(items: Sequence[Mapping[str, Any]]) -> list[Group]:
-    """Input items in the groups the engine must keep whole (a reasoning item leads the output it preceded)."""
-    groups: list[Group] = []
-    lead: list[Any] = []
-    i = 0
-    while i < len(items):
-        item = items[i]
-        kind = _type(item)
-        if kind == "reasoning":
-            lead.append(item)
-            i += 1
-            continue
-        assistant = kind == "message" and item.get("role") == "assistant"
-        end = i + 1 if assistant else i  # an assistant's text and the calls right after it are one turn
-        while end < len(items) and _is_call(items[end]):
-            end += 1
-        if end > i + assistant:
-            groups.append(Group("items", (*lead, *items[i:end])))
-            lead, i = [], end
-            continue
-        if lead and not assistant:  # reasoning that precedes no output of its own stays alone
-            groups.append(Group("items", tuple(lead)))
-            lead = []
-        editable = (kind == "message" and not lead) or _is_output(item)
-        groups.append(Group("items", (*lead, item), len(lead) if editable else -1))
-        lead, i = [], i + 1
-    if lead:
-        groups.append(Group("items", tuple(lead)))
-    return groups
-
-
 def _edited(group: Group, text: str, media: bool) -> list[Any]:
     """The group's items with `text` written into its editable item, in the shape that item had; its images and
     files kept when the edit kept them in the count (`media`: a cut, not a clearing)."""
     items = list(group.items)
     item = dict(items[group.editable])
-    field = "output" if _is_output(item) else "content"
+    field = "output" if is_output(item) else "content"
     if isinstance(item.get(field), list):
         part_type = "output_text" if item.get("role") == "assistant" else "input_text"
         part: dict[str, Any] = {"type": part_type, "text": text}
@@ -243,7 +188,7 @@ def check_input(body: dict[str, Any], items: list[Any], offset: int) -> None:
     for i, item in enumerate(items, offset):
         if not isinstance(item, dict):
             raise InvalidRequest(f"Invalid type for 'input[{i}]': expected an object.", f"input[{i}]", "invalid_type")
-        if _type(item) == "message" and item.get("role") not in ROLES:
+        if item_type(item) == "message" and item.get("role") not in ROLES:
             raise InvalidRequest(
                 f"Invalid value for 'input[{i}].role': supported values are {', '.join(ROLES)}.",
                 f"input[{i}].role",
@@ -252,48 +197,6 @@ def check_input(body: dict[str, Any], items: list[Any], offset: int) -> None:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str | list):
         raise InvalidRequest("Invalid type for 'instructions': expected a string.", "instructions", "invalid_type")
-
-
-def _group_json(group: Group, keys: Sequence[bytes]) -> bytes:
-    """`kept_json([group.kind, group.editable, *group.items])` from its items' own JSON (`keys`, the body memo's):
-    orjson writes a list as its items' bytes between `[`, `,` and `]`, so no item is dumped again."""
-    return b"".join((b'["', group.kind.encode(), b'",', str(group.editable).encode(), b",", b",".join(keys), b"]"))
-
-
-def _made_from(groups: Sequence[Group], keys: Sequence[bytes] | None) -> list[bytes]:
-    """Each group's JSON; from the items' keys where the body memo made them (`keys`: one per input item)."""
-    made, at = [], 0
-    for group in groups:
-        if keys is None or group.kind != "items":
-            made.append(kept_json([group.kind, group.editable, *group.items]))
-            continue
-        made.append(_group_json(group, keys[at : at + len(group.items)]))
-        at += len(group.items)
-    return made
-
-
-def _grouped_before(items: Sequence[Any], previous: Sequence[Conversation]) -> tuple[list[Group], list[bytes]]:
-    """The leading item groups of a conversation this body may continue whose items are these very objects (the body
-    memo's), with each one's JSON: `_groups` would make them again, since it decides where a group ends by the item
-    after it, and that item is the same object too. The most such groups of any of `previous`."""
-    best: tuple[list[Group], list[bytes]] = ([], [])
-    for conversation in previous:
-        pairs = [
-            (group, made)
-            for group, made in zip(conversation.groups, conversation.made_from, strict=False)
-            if isinstance(group, Group) and group.kind == "items"
-        ]
-        at, count = 0, 0
-        for (group, _), (after, _) in itertools.pairwise(pairs):
-            end = at + len(group.items)
-            if end >= len(items) or items[end] is not after.items[0]:
-                break
-            if any(mine is not theirs for mine, theirs in zip(items[at:end], group.items, strict=True)):
-                break
-            at, count = end, count + 1
-        if count > len(best[0]):
-            best = [group for group, _ in pairs[:count]], [made for _, made in pairs[:count]]
-    return best
 
 
 class ResponsesDialect(OpenAIWords):
@@ -326,17 +229,17 @@ class ResponsesDialect(OpenAIWords):
         items = body["input"]
         # Each group's JSON (exact: `true` is not `1` here): a group equal to the one at its place in the conversation
         # this body continues takes that one's engine message and digest again, instead of mapping it anew.
-        made_from = _made_from(groups, None)
+        made_from = groups_json(groups, None)
         if isinstance(items, str):
             groups.append(Group("text", (items,), 0))
-            made_from += _made_from(groups[-1:], None)
+            made_from += groups_json(groups[-1:], None)
         else:
-            kept, kept_made = _grouped_before(items, previous)
+            kept, kept_made = grouped_before(items, previous)
             start = sum(len(group.items) for group in kept)
-            new = _groups(items[start:])
+            new = grouped(items[start:])
             keys = digests[start:] if digests is not None and len(digests) == len(items) else None
             groups += kept + new
-            made_from += kept_made + _made_from(new, keys)
+            made_from += kept_made + groups_json(new, keys)
         prior = continued(made_from, previous)
         known = prior.made_from if prior is not None else ()
         messages, digests = [], []
