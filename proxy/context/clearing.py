@@ -14,9 +14,11 @@ from typing import Any, ClassVar
 from proxy.context.messages import (
     Message,
     content_text,
+    ids_at,
+    indices_of,
     is_error_output,
     is_tool_output,
-    message_ids,
+    message_digest,
     tool_names,
 )
 from proxy.context.patterns import compile_patterns
@@ -51,9 +53,10 @@ class ClearPlan:
 
         `digests`, when the caller has them, are the messages' `message_digest`s (not recomputed).
         """
-        wanted = set(self.ids)
         last = len(messages) - 1
-        return [i for i, mid in enumerate(message_ids(messages, digests)) if mid in wanted and i != last]
+        if digests is None:
+            digests = [message_digest(m) for m in messages]
+        return [i for i in indices_of(self.ids, digests) if i != last]
 
     def apply(self, messages: list[Message], counter: Counter | None = None) -> Cleared:
         """Clear the planned outputs in place, on this or a longer copy of the conversation.
@@ -136,17 +139,18 @@ class ClearToolOutputs:
         outputs = [i for i, m in enumerate(messages) if is_tool_output(m, observations) and not _is_cleared(m)]
         boundary = self._boundary(messages, outputs, counter)
         names = tool_names(messages)
-        ids = message_ids(messages, digests)
-        chosen: list[str] = []
+        chosen: list[int] = []
         freed = 0
         for i in outputs[: boundary + 1]:
             saving = self._saving(messages[i], names.get(i) or messages[i].get("name"), counter)
             if i != len(messages) - 1 and saving > 0:
-                chosen.append(ids[i])
+                chosen.append(i)
                 freed += saving
         if not chosen or freed < self.clear_at_least:
             return ClearPlan()
-        return ClearPlan(tuple(chosen), freed)
+        if digests is None:
+            digests = [message_digest(m) for m in messages]
+        return ClearPlan(tuple(ids_at(digests, chosen)), freed)
 
     def clear(self, messages: list[Message], counter: Counter | None = None) -> Cleared:
         """Clear older tool outputs of `messages` in place."""

@@ -53,6 +53,46 @@ def message_ids(messages: Sequence[Message], digests: Sequence[bytes] | None = N
     return out
 
 
+def ids_at(digests: Sequence[bytes], indices: Sequence[int]) -> list[str]:
+    """`message_ids(messages, digests)` at `indices` only: each id made, not every message's (the ids of a
+    plan's few outputs in a long conversation)."""
+    wanted = {digests[i] for i in indices}
+    at = set(indices)
+    seen: dict[bytes, int] = {}
+    found: dict[int, str] = {}
+    for i, digest in enumerate(digests):
+        if digest in wanted:
+            n = seen.get(digest, 0)
+            seen[digest] = n + 1
+            if i in at:
+                found[i] = f"{digest.hex()}:{n}"
+    return [found[i] for i in indices]
+
+
+def indices_of(ids: Sequence[str], digests: Sequence[bytes]) -> list[int]:
+    """Where the messages of `digests` have one of the `message_ids` `ids`, in order: the digests are compared, and
+    only a wanted one's occurrences counted."""
+    wanted: dict[bytes, set[int]] = {}
+    for mid in ids:
+        text, _, n = mid.partition(":")
+        try:
+            digest, occurrence = bytes.fromhex(text), int(n)
+        except ValueError:
+            continue  # no message has such an id
+        if mid == f"{digest.hex()}:{occurrence}":  # as `message_ids` writes it (lower-case hex, no leading zeros)
+            wanted.setdefault(digest, set()).add(occurrence)
+    seen: dict[bytes, int] = {}
+    found = []
+    for i, digest in enumerate(digests):
+        occurrences = wanted.get(digest)
+        if occurrences is not None:
+            n = seen.get(digest, 0)
+            seen[digest] = n + 1
+            if n in occurrences:
+                found.append(i)
+    return found
+
+
 def content_text(message: Message) -> str | None:
     """The message's text when its content is a string or a list of text parts; else None."""
     content = message.get("content")

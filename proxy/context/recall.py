@@ -63,16 +63,53 @@ def specific_tokens(text: str) -> frozenset[str]:
 
 def _specific_tokens(text: str) -> frozenset[str]:
     found: set[str] = set()
-    for chunk in set(_CHUNK.findall(text)):  # each distinct chunk once: what it adds depends on it alone
-        chunk = chunk.strip("./-")
-        if _specific(chunk):
-            found.add(chunk)
-        if _PARTS.search(chunk):
-            found.update(part for part in _PARTS.split(chunk) if _specific(part))
-            found.update(part for part in chunk.split("/") if _specific(part))  # `query.py` of a path
-        elif chunk[:1].isdigit() and (digits := _LEADING_DIGITS.match(chunk)) and _specific(digits[0]):
-            found.add(digits[0])  # sed's `430p`, `42nd`
+    known = _CHUNKS
+    for chunk in _chunks(text):  # each distinct chunk once: what it adds depends on it alone
+        tokens = known.get(chunk)
+        if tokens is None:
+            tokens = _chunk_tokens(chunk if isinstance(chunk, str) else chunk.decode())
+            if len(chunk) <= CHUNK_MEMO_MAX_CHARS:
+                if len(known) >= CHUNK_MEMO_ENTRIES:
+                    known.clear()  # a new start, not an LRU: the words a session uses come back within a turn
+                known[chunk] = tokens
+        if tokens:
+            found.update(tokens)
     return frozenset(found)
+
+
+def _chunks(text: str) -> set[str] | set[bytes]:
+    """The distinct matches of `_CHUNK` in `text`. An ASCII text (most tool output) is split by a byte table
+    instead, twice as fast; its chunks stay bytes (the memo's keys: no decoding when the chunk is known)."""
+    if text.isascii():
+        return set(text.encode().translate(_CHUNK_BYTES).split())
+    return set(_CHUNK.findall(text))
+
+
+def _chunk_tokens(chunk: str) -> tuple[str, ...]:
+    """The specific tokens one chunk of text adds: itself, its parts, its leading digits."""
+    found: set[str] = set()
+    chunk = chunk.strip("./-")
+    if _specific(chunk):
+        found.add(chunk)
+    if _PARTS.search(chunk):
+        found.update(part for part in _PARTS.split(chunk) if _specific(part))
+        found.update(part for part in chunk.split("/") if _specific(part))  # `query.py` of a path
+    elif chunk[:1].isdigit() and (digits := _LEADING_DIGITS.match(chunk)) and _specific(digits[0]):
+        found.add(digits[0])  # sed's `430p`, `42nd`
+    return tuple(found)
+
+
+# `_CHUNK`'s characters among the ASCII ones (`\w` there is letters, digits and `_`), the rest made a space.
+_CHUNK_BYTES = bytes(
+    byte if chr(byte).isascii() and (chr(byte).isalnum() or chr(byte) in "_./-") else 32 for byte in range(256)
+)
+# What each short chunk adds, kept: an agent's texts repeat their words (names, paths, keywords), and a chunk's
+# tokens cost ~1-2 µs to work out against ~0.1 µs to look up. A fixed bound, emptied when full: at most
+# `CHUNK_MEMO_ENTRIES` chunks of `CHUNK_MEMO_MAX_CHARS` characters, ~2.5 MB at worst (~150 bytes an entry with
+# its slot).
+CHUNK_MEMO_ENTRIES = 16_384
+CHUNK_MEMO_MAX_CHARS = 48
+_CHUNKS: dict[str | bytes, tuple[str, ...]] = {}
 
 
 # Texts shorter than this are tokenized again each time they are asked about (cheaper than keeping them).

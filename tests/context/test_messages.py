@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.context.messages import units
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.context.messages import ids_at, indices_of, message_ids, units
 from tests.pairing import check_pairing
 
 
@@ -80,3 +83,16 @@ def test_a_legacy_function_call_and_its_result_go_together():
         {"role": "user", "content": "thanks"},
     ]
     assert units(messages) == [(0, 1), (1, 3), (3, 4)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([bytes([k]) * 16 for k in range(4)]), max_size=30), st.data())
+def test_ids_at_and_indices_of_agree_with_message_ids(digests: list[bytes], data: st.DataObject) -> None:
+    """A plan's ids are made for its outputs alone (`ids_at`) and found again by comparing digests (`indices_of`):
+    both give what `message_ids` of every message gives, repeated digests (which occurrence) included."""
+    ids = message_ids([{} for _ in digests], digests)
+    picked = data.draw(st.lists(st.integers(0, max(0, len(digests) - 1)), unique=True)) if digests else []
+    picked.sort()
+    assert ids_at(digests, picked) == [ids[i] for i in picked]
+    wanted = [ids[i] for i in picked] + data.draw(st.lists(st.sampled_from(["zz:0", "00" * 16 + ":01", "ab:x"])))
+    assert indices_of(wanted, digests) == [i for i, mid in enumerate(ids) if mid in wanted]

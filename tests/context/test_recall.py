@@ -1,5 +1,10 @@
 """Specific tokens: the names, paths and numbers an agent reads in an output and writes back."""
 
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from proxy.context.recall import message_tokens, outputs_in_use, specific_tokens
 
 
@@ -72,3 +77,30 @@ def test_kept_token_sets_are_the_tokens_themselves_and_stay_within_their_bytes()
     short = "see foo_bar.py"
     assert sets.of(short) == _specific_tokens(short)  # short texts are tokenized each time, never kept
     assert sets.held <= 8 * 1024
+
+
+PIECES = [*"ab_Z09./- \n\t:é日\x1c(", "foo_bar", "x.py", "1234", "self", "QuerySet", "sed -n 430p"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=40).map("".join))
+def test_specific_tokens_split_by_bytes_and_remembered_are_the_regex_definition(text: str) -> None:
+    """An ASCII text is split by a byte table and each chunk's tokens are remembered: the same tokens as the
+    definition (every `[\\w./-]+` match worked out afresh), for ASCII and other texts, known chunks or new."""
+    from proxy.context import recall
+
+    def defined(text: str) -> frozenset[str]:
+        return frozenset().union(*(recall._chunk_tokens(chunk) for chunk in re.findall(r"[\w./-]+", text)))
+
+    assert recall._specific_tokens(text) == defined(text)
+    assert recall._specific_tokens(text) == defined(text)  # its chunks now known
+
+
+def test_the_chunk_memo_stays_within_its_bound() -> None:
+    from proxy.context import recall
+
+    recall._CHUNKS.clear()
+    for k in range(recall.CHUNK_MEMO_ENTRIES + 10):
+        recall._specific_tokens(f"name_{k} " + "x" * (recall.CHUNK_MEMO_MAX_CHARS + 1))
+        assert len(recall._CHUNKS) <= recall.CHUNK_MEMO_ENTRIES  # the long chunk is never kept
+    assert recall._specific_tokens("name_3 name_4") == {"name_3", "name_4"}

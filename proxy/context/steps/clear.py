@@ -10,7 +10,7 @@ from proxy.context.clearing import FRONTIER_MIN_CHARS, PLACEHOLDER, ClearPlan, C
 from proxy.context.compact import decode, encode, sources_of
 from proxy.context.draft import Draft
 from proxy.context.journal import AS_SENT, CLEARED, COMPACTED, DEDUPED, DROPPED, Decision, TurnReport
-from proxy.context.messages import Message, content_text, is_tool_output, message_ids, newest
+from proxy.context.messages import Message, content_text, ids_at, is_tool_output, newest
 from proxy.context.policy import ClearPolicy
 from proxy.context.recall import message_tokens, never_edited, outputs_in_use
 from proxy.context.steps.base import Epoch
@@ -178,8 +178,7 @@ def _paying_part(
             best, best_value, best_freed = k, net, freed
     if best == 0:
         return plan
-    ids = message_ids(visible, digests)
-    return ClearPlan(tuple(ids[i] for i in planned[best:]), best_freed)
+    return ClearPlan(tuple(ids_at(digests, planned[best:])), best_freed)
 
 
 def _pointing_into(draft: Draft) -> dict[int, list[int]]:
@@ -236,8 +235,7 @@ def _spare_in_use(
         budget -= saving
     if not spared:
         return plan
-    ids = message_ids(visible, digests)
-    return ClearPlan(tuple(ids[i] for i in planned if i not in spared), freed)
+    return ClearPlan(tuple(ids_at(digests, [i for i in planned if i not in spared])), freed)
 
 
 def _frontier(draft: Draft, out: list[Message]) -> int:
