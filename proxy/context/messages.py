@@ -74,9 +74,9 @@ def indices_of(ids: Sequence[str], digests: Sequence[bytes]) -> list[int]:
     only a wanted one's occurrences counted."""
     wanted: dict[bytes, set[int]] = {}
     for mid in ids:
-        text, _, n = mid.partition(":")
+        text, _, number = mid.partition(":")
         try:
-            digest, occurrence = bytes.fromhex(text), int(n)
+            digest, occurrence = bytes.fromhex(text), int(number)
         except ValueError:
             continue  # no message has such an id
         if mid == f"{digest.hex()}:{occurrence}":  # as `message_ids` writes it (lower-case hex, no leading zeros)
