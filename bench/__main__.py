@@ -1,6 +1,6 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|request-profile|stall|stall-items|ab`
 `|smoke|quality|hindsight|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude|fleet`
-`|frontier|reach|agent-turns|decisions`
+`|frontier|reach|agent-turns|fresh-turns|decisions`
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -196,9 +196,16 @@ def _agent_turns(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return agent_turns.run_agent_turns(copies=ns.n or 6), agent_turns.render
 
 
+def _fresh_turns(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import fresh_turns
+
+    return fresh_turns.run_fresh_turns(passes=ns.n or 5), fresh_turns.render
+
+
 COMMANDS: dict[str, Runner] = {
     "overhead": _overhead,
     "agent-turns": _agent_turns,
+    "fresh-turns": _fresh_turns,
     "scaling": _scaling,
     "memory": _memory,
     "savings": _savings,
@@ -236,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="requests (overhead, memory; ab: per block), warm turns (scaling, profile), turns (savings), "
-        "MB (long-event)",
+        "passes (fresh-turns), MB (long-event)",
     )
     parser.add_argument(
         "--ref",
