@@ -13,26 +13,10 @@ import statistics
 import time
 from typing import Any
 
-import orjson
-
+from bench.agent_turns import runs as agent_runs
 from bench.engine import handle, service
 from proxy.context import recall
-from proxy.demo.traces import list_traces, load_trace, requests
-
-MODEL = "gpt-4.1"  # a 1M window, as `bench agent-turns`: no run is truncated for the window
-
-
-def _runs() -> list[list[bytes]]:
-    out = []
-    for name in list_traces():
-        trace = load_trace(name)
-        out.append(
-            [
-                orjson.dumps({"model": MODEL, "messages": messages, "tools": trace.tools, "stream": False})
-                for messages, _ in requests(trace)
-            ]
-        )
-    return out
+from proxy.demo.traces import list_traces
 
 
 def _forget_recall() -> None:
@@ -44,7 +28,7 @@ def _forget_recall() -> None:
 
 
 def run_fresh_turns(passes: int = 5) -> dict[str, Any]:
-    runs = _runs()
+    runs = agent_runs(stream=False)  # `bench agent-turns`' bodies: gpt-4.1, a 1M window, nothing truncated
     svc = service()
     turns = sum(len(bodies) for bodies in runs)
 
