@@ -1,6 +1,6 @@
 """`python -m bench overhead|scaling|memory|savings|responses|anthropic|profile|request-profile|stall|stall-items|ab`
 `|smoke|quality|hindsight|epoch-rule|idle|long-event|bodies|state|slow-clients|compaction|agents-codex|agents-claude|fleet`
-`|frontier|reach|agent-turns|fresh-turns|decisions`
+`|frontier|reach|agent-turns|fresh-turns|agent-messages|decisions`
 `[-n N] [--ref REV] [--json FILE]`.
 
 Runs one benchmark and prints its table.
@@ -202,10 +202,17 @@ def _fresh_turns(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
     return fresh_turns.run_fresh_turns(passes=ns.n or 5), fresh_turns.render
 
 
+def _agent_messages(ns: argparse.Namespace) -> tuple[Any, Callable[[Any], str]]:
+    from bench import agent_messages
+
+    return agent_messages.run_agent_messages(ns.set), agent_messages.render
+
+
 COMMANDS: dict[str, Runner] = {
     "overhead": _overhead,
     "agent-turns": _agent_turns,
     "fresh-turns": _fresh_turns,
+    "agent-messages": _agent_messages,
     "scaling": _scaling,
     "memory": _memory,
     "savings": _savings,
