@@ -48,6 +48,11 @@ class Score:
     old_lost: int = 0
     old_lost1: int = 0
     old_lost3: int = 0
+    # What the next message used that stood, in the client's request, only in the agent's own messages (not in an
+    # output, the task or the instructions), and how much of it was not sent; turns losing 3+ of both kinds.
+    own_evidence: int = 0
+    own_lost: int = 0
+    all_lost3: int = 0
     failed: int = 0  # turns over the window (the upstream would refuse them)
     task_dropped: int = 0
     last_altered: int = 0
@@ -59,6 +64,16 @@ class Score:
     @property
     def rate(self) -> float:
         return self.lost / self.evidence if self.evidence else 0.0
+
+    @property
+    def own_rate(self) -> float:
+        return self.own_lost / self.own_evidence if self.own_evidence else 0.0
+
+    @property
+    def all_rate(self) -> float:
+        """Lost of what the next message used from outputs and from the agent's own messages together."""
+        used = self.evidence + self.own_evidence
+        return (self.lost + self.own_lost) / used if used else 0.0
 
     @property
     def old_rate(self) -> float:
@@ -112,18 +127,32 @@ def score(trace: Trace, sent: list[list[dict]], usable: int, counts: list[int] |
 
 
 def _turn(request: list[dict], upstream: list[dict], answer: dict, fixed, patterns, tokens: _Tokens) -> Score:
-    outputs = [m for m in request if is_tool_output(m, patterns)]
     used = tokens(answer) - fixed
-    if not outputs or not used:
+    if not used:
         return Score(turns=1)
-    evidence = used & frozenset().union(*(tokens(m) for m in outputs))
+    present = frozenset().union(*(tokens(m) for m in upstream))
+    own, own_lost = _own(request, used, present, tokens)
+    outputs = [m for m in request if is_tool_output(m, patterns)]
+    evidence = used & frozenset().union(*(tokens(m) for m in outputs)) if outputs else frozenset()
     if not evidence:
-        return Score(turns=1)
+        return Score(turns=1, own_evidence=own, own_lost=own_lost, all_lost3=own_lost >= 3)
     elsewhere = frozenset().union(tokens(outputs[-1]), *(tokens(m) for m in request if not is_tool_output(m, patterns)))
     old = evidence - elsewhere
-    present = frozenset().union(*(tokens(m) for m in upstream))
     lost, old_lost = len(evidence - present), len(old - present)
-    return Score(1, len(evidence), lost, lost >= 1, lost >= 3, len(old), old_lost, old_lost >= 1, old_lost >= 3)
+    return Score(
+        1, len(evidence), lost, lost >= 1, lost >= 3, len(old), old_lost, old_lost >= 1, old_lost >= 3,
+        own, own_lost, lost + own_lost >= 3,
+    )  # fmt: skip
+
+
+def _own(request: list[dict], used: frozenset[str], present: frozenset[str], tokens: _Tokens) -> tuple[int, int]:
+    """Of the tokens `used`, how many stood in `request` only in the agent's own messages, and how many of those
+    are not `present` in what was sent."""
+    agent = frozenset().union(*(tokens(m) for m in request if m.get("role") == "assistant"))
+    if not used & agent:
+        return 0, 0
+    own = (used & agent) - frozenset().union(*(tokens(m) for m in request if m.get("role") != "assistant"))
+    return len(own), len(own - present)
 
 
 # Peers, replayed the same way ---------------------------------------------------------------------------------
@@ -293,6 +322,10 @@ def policy_row(set_name: str, setting: Setting, window: int, traces: list[Trace]
             "lost_rate": total.rate,
             "turns_lost1": total.share("lost1"),
             "turns_lost3": total.share("lost3"),
+            "own_evidence": total.own_evidence,
+            "own_lost_rate": total.own_rate,
+            "all_lost_rate": total.all_rate,
+            "turns_all_lost3": total.share("all_lost3"),
             "old_evidence": total.old_evidence,
             "old_lost_rate": total.old_rate,
             "old_turns_lost1": total.share("old_lost1"),
@@ -339,7 +372,7 @@ def _plot(rows: list[dict[str, Any]]) -> Path:
 def render(result: dict[str, Any]) -> str:
     header = [
         "set", "window", "setting", "d", "turns", "evidence", "lost rate", ">=1 lost", ">=3 lost", "old rate",
-        "old >=1", "old >=3", "failed", "billed/direct", "worst trace",
+        "old >=1", "old >=3", "own lost", "all lost", "all >=3", "failed", "billed/direct", "worst trace",
     ]  # fmt: skip
     rows = []
     for r in result["rows"]:
@@ -350,6 +383,7 @@ def render(result: dict[str, Any]) -> str:
                     r["set"], f"{r['window'] // 1000}k", r["setting"], d, p["turns"], p["evidence"],
                     f"{p['lost_rate']:.3f}", f"{p['turns_lost1']:.3f}", f"{p['turns_lost3']:.3f}",
                     f"{p['old_lost_rate']:.3f}", f"{p['old_turns_lost1']:.3f}", f"{p['old_turns_lost3']:.3f}",
+                    f"{p['own_lost_rate']:.3f}", f"{p['all_lost_rate']:.3f}", f"{p['turns_all_lost3']:.3f}",
                     p["failed"], f"{p['billed_ratio']:.3f}", f"{p['worst_trace_ratio']:.3f}",
                 ]
             )  # fmt: skip
