@@ -39,7 +39,7 @@ import heapq
 import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +249,11 @@ def _clairvoyant(n: Needs, epochs: list[int]) -> Iterator[None]:
         pipeline.Clearing = before  # type: ignore[misc]
 
 
+# The oracle bounds what clearing whole outputs can do: its runs leave the agent's own messages as the client wrote
+# them (`policy.agent_message_tokens`, a lever of its own that the default policy's rows include).
+_ORACLE_POLICY = {"agent_message_tokens": 0}
+
+
 def oracle_row(set_name: str, traces: list[Trace], counter: Counter, budget: float) -> dict[str, Any]:
     """The oracle on a set at `budget`: for each d, its schedule replayed through the engine, billed and scored."""
     plans = [needs(t, counter) for t in traces]
@@ -259,8 +264,8 @@ def oracle_row(set_name: str, traces: list[Trace], counter: Counter, budget: flo
         for n in plans:
             turns = schedule(n, counter, d)
             epochs += len(turns)
-            with _clairvoyant(n, turns):
-                r = run(n.trace, policy_for(n.trace), model(WINDOW, d), counter)
+            with _clairvoyant(n, turns):  # a bound on clearing: the agent's own messages go whole (`_ORACLE_POLICY`)
+                r = run(n.trace, replace(policy_for(n.trace), **_ORACLE_POLICY), model(WINDOW, d), counter)
             total.add(score(n.trace, r.requests, WINDOW))
             billed, direct = billed + r.proxied.billed, direct + r.direct.billed
         row[str(d)] = _point(total, billed, direct) | {"epochs": epochs}

@@ -222,6 +222,7 @@ SETTINGS = (
     Setting("proxy stubs (stub_tokens=600)", clear={"stub_tokens": 600}),
     Setting("proxy stubs, in-use off", clear={"stub_tokens": 600, "in_use_turns": 0}),
     Setting("proxy forced stubs off (forced_stub_tokens=0)", clear={"forced_stub_tokens": 0}),
+    Setting("proxy agent messages whole (agent_message_tokens=0)", policy={"agent_message_tokens": 0}),
     Setting("proxy miss adaptation off", clear={"miss_keep_tokens": 0}),
     Setting("proxy first_edit_risk_turns=1", policy={"first_edit_risk_turns": 1.0}),
     Setting("proxy before in-use (keep_tokens=2000)", clear={"in_use_turns": 0, "keep_tokens": 2000}),

@@ -13,7 +13,9 @@ TRACES = [load(name) for name in TRACE_NAMES]
 
 def test_the_oracle_that_keeps_every_needed_output_loses_nothing_and_bills_under_the_default():
     oracle = oracle_row("packaged", TRACES, COUNTER, 0.0)
-    default = setting_row("packaged", Setting("proxy default"), TRACES, COUNTER)
+    # the oracle bounds clearing: against the default with the agent's own messages whole, as the oracle sends them
+    whole = Setting("agent messages whole", policy={"agent_message_tokens": 0})
+    default = setting_row("packaged", whole, TRACES, COUNTER)
     for d in ("1.0", "0.5"):
         assert oracle[d]["evidence"] == default[d]["evidence"] > 1000
         assert oracle[d]["lost_rate"] == 0.0

@@ -77,6 +77,8 @@ RULES: dict[str, Any] = {
     "Policy.high_water": SHARE,
     "Policy.low_water": SHARE,
     "Policy.max_message_share": SHARE,
+    "Policy.agent_message_tokens": Field(ge=0),
+    "Policy.agent_messages_kept": Field(ge=0),
     "Policy.first_edit_risk_turns": Field(ge=0, allow_inf_nan=False),  # inf x a later edit's 0 would be nan
     "Policy.bet_overrun": Field(ge=0, allow_inf_nan=False),
     "Policy.session_end_idle_s": Field(gt=0, allow_inf_nan=False),
