@@ -9,7 +9,7 @@ from proxy.context.draft import Draft
 from proxy.context.fitting import cut_oversized, never_cut, oversized_limit
 from proxy.context.journal import AS_SENT, CUT, Decision, TurnReport
 from proxy.context.lru import ByteLru
-from proxy.context.messages import Message, content_bytes, newest
+from proxy.context.messages import Message, content_bytes, content_text, newest
 from proxy.context.steps.base import Epoch
 from proxy.context.tokens import Counter
 
@@ -60,6 +60,8 @@ class Cutting:
             message = draft.messages[i]
             if i == unread or journal.decisions[i] is not AS_SENT or journal.sent[i] <= limit or kept[i]:
                 continue
+            if content_text(message) is None:  # no text of its own (opaque: thinking, reasoning): nothing to cut, and
+                continue  # the cache may hold its content as estimated under another scale (same digest)
             # The cache keeps the cut made here, so recording the decision below does not cut the message again.
             if self.cache.cut(message, journal.digests[i], limit, draft.counter)["content"] != message.get("content"):
                 draft.decide(i, Decision(CUT, max_tokens=limit))
