@@ -160,6 +160,17 @@ async def test_no_agent_message_is_cut_when_turned_off_or_lossless(
         assert all(m in agent_turns(messages) for m in sent)  # each as the client wrote it (or dropped whole)
 
 
+async def test_where_the_window_truncates_the_last_six_the_agent_sees_go_whole(proxy: tuple[str, Any]) -> None:
+    root, sim = proxy
+    messages, upstream = await agent(root, sim, "cuts-16k", "sim-16k")
+
+    written = {m["content"] for m in agent_turns(messages)}
+    assert await epochs(root, "cuts-16k")  # the window forced them
+    assert any(m["content"] not in written for m in agent_turns(upstream[-1]))  # and older messages were cut
+    for request in upstream:
+        assert all(m["content"] in written for m in agent_turns(request)[-6:])
+
+
 async def claude(root: str, sim: Any, session: str, thinking: bool) -> tuple[list[Any], list[list[dict[str, Any]]]]:
     """The same agent through Anthropic's Messages API (text and `tool_use` blocks; a signed thinking block first
     when `thinking`): its assistant messages' blocks, and what went upstream each turn."""

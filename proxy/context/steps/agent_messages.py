@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from proxy.context.draft import Draft
 from proxy.context.fitting import never_cut
-from proxy.context.journal import AS_SENT, CUT, Decision, TurnReport
+from proxy.context.journal import AS_SENT, CUT, DROPPED, Decision, TurnReport
 from proxy.context.messages import content_text, newest
 from proxy.context.steps.base import Epoch
 from proxy.context.steps.cut import Cutting
@@ -31,14 +31,15 @@ class AgentMessages(Cutting):
         if start is None:
             return
         messages, journal = draft.messages, draft.journal
-        agent = [i for i in draft.visible() if messages[i].get("role") == "assistant"]
+        decisions = journal.decisions  # (the last render is older than this epoch's truncation: read what it decided)
+        agent = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and decisions[i].kind != DROPPED]
         recent = set(agent[max(0, len(agent) - policy.agent_messages_kept) :])
         kept = never_cut(messages, policy.pin_first_user)
         unread, last = newest(messages), len(messages) - 1
         for i in agent:
             if i <= start or i in recent or i in (unread, last) or kept[i]:
                 continue
-            if journal.decisions[i] is not AS_SENT or journal.sent[i] <= allowance or content_text(messages[i]) is None:
+            if decisions[i] is not AS_SENT or journal.sent[i] <= allowance or content_text(messages[i]) is None:
                 continue  # already edited, short enough, or no text of its own to cut (opaque: thinking, reasoning)
             cut = self.cache.cut(messages[i], journal.digests[i], allowance, draft.counter)
             if cut["content"] != messages[i].get("content"):
