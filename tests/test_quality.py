@@ -59,6 +59,28 @@ def test_a_token_is_lost_only_when_nothing_sent_still_holds_it():
     assert (lost.lost, lost.old_lost, lost.lost3) == (4, 4, 1)
 
 
+def test_what_stood_only_in_the_agents_own_message_is_lost_once_that_message_is_cut():
+    trace = Trace(
+        name="t",
+        source="",
+        tools=None,
+        messages=[
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "Fix the bug."},
+            {"role": "assistant", "content": "I will write repro_header.py.", "tool_calls": [_call("c1", "ls")]},
+            {"role": "tool", "tool_call_id": "c1", "content": "setup.py README.rst"},
+            {"role": "assistant", "content": "", "tool_calls": [_call("c2", "python repro_header.py")]},
+        ],
+    )
+    as_sent = [trace.messages[:i] for i in (2, 4)]
+    cut = [list(r) for r in as_sent]
+    cut[1][2] = {**cut[1][2], "content": "I will [... 9 tokens cut ...]"}
+    kept, lost = score(trace, as_sent, 10**6), score(trace, cut, 10**6)
+    assert (kept.own_evidence, kept.own_lost) == (lost.own_evidence, 0) == (2, 0)  # repro_header.py, repro_header
+    assert (lost.own_lost, lost.all_lost3, lost.evidence, lost.lost) == (2, 0, 0, 0)  # no output held them
+    assert lost.all_rate == 1.0
+
+
 def test_held_out_traces_are_not_the_packaged_ones_nor_each_other():
     samples = ("", "sample_a", "sample_b", "others_a", "others_b")
     sets = [{load(p).source for p in held_out(sample)} for sample in samples]
