@@ -61,6 +61,7 @@ reserve_output_tokens = 4096
 """
 OFF = 'match = ["off-*"]\n\n[policy]\nagent_message_tokens = 0\n'
 LOSSLESS = 'match = ["lossless-*"]\n\n[policy]\nmode = "lossless"\n'
+TEXT_MODE = "match = [\"text-*\"]\n\n[policy.clear_tool_outputs]\nobservation_patterns = ['\\Arun \\d+ ']\n"
 COUNTER = counter_for("o200k_base")
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
 STEPS = 24
@@ -84,6 +85,7 @@ async def proxy(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple
     (folder / "sessions").mkdir()
     (folder / "sessions" / "off.toml").write_text(OFF)
     (folder / "sessions" / "lossless.toml").write_text(LOSSLESS)
+    (folder / "sessions" / "text.toml").write_text(TEXT_MODE)
     holder = ConfigHolder(load_settings(folder / "proxy.toml"))
     runner, port = await start(holder, "127.0.0.1", 0, context=build_context_service(holder))
     yield f"http://127.0.0.1:{port}", sim_runner.app[SIMULATOR]
@@ -214,3 +216,30 @@ async def test_messages_cuts_text_blocks_and_never_a_message_with_thinking(
         text = next(b["text"] for b in last[k] if b["type"] == "text")
         assert text.startswith(f"THOUGHT {k}:") and text.endswith(f"check_{k}.py next.") and "tokens cut" in text
         assert [b for b in last[k] if b["type"] == "tool_use"] == [b for b in written[k] if b["type"] == "tool_use"]
+
+
+async def test_responses_cuts_a_text_agents_message_items(proxy: tuple[str, Any]) -> None:
+    """The same agent through the Responses API as a text-mode agent: its reasoning and command in `message` items,
+    each observation a user message (`observation_patterns`). An assistant item followed by function calls is one
+    group with them, never edited (`dialects/responses_groups.py`): only items that stand alone are cut."""
+    root, sim = proxy
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Fix the header parsing bug."}]
+    upstream = []
+    async with openai.AsyncOpenAI(base_url=f"{root}/s/text-responses/v1", api_key="sk-test", max_retries=0) as sdk:
+        for k in range(STEPS):
+            text = {"type": "output_text", "text": thought(k), "annotations": []}
+            items.append({"type": "message", "role": "assistant", "id": f"msg_{k}", "content": [text]})
+            observation = f"run {k} " + "x " * 150
+            items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": observation}]})
+            await sdk.responses.create(model="gpt-4o", input=items)  # type: ignore[arg-type]
+            upstream.append(sim.requests[-1].body["input"])
+
+    assert await epochs(root, "text-responses")
+    sent = [i for i in upstream[-1] if i.get("type") == "message" and i.get("role") == "assistant"]
+    cut = [i for i in sent if i["content"][0]["text"] != thought(int(i["id"].split("_")[1]))]
+    assert cut and all(i["id"] not in {m["id"] for m in sent[-6:]} for i in cut)
+    for item in cut:
+        k = int(item["id"].split("_")[1])
+        assert set(item) == {"type", "role", "id", "content"} and item["content"][0]["type"] == "output_text"
+        text = item["content"][0]["text"]
+        assert text.startswith(f"THOUGHT {k}:") and text.endswith(f"check_{k}.py next.") and "tokens cut" in text
