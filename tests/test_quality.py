@@ -36,20 +36,19 @@ def test_clearing_every_output_but_the_last_loses_all_old_evidence_and_more_than
     assert bound.rate > default.rate and bound.lost1 > default.lost1
 
 
+def _task(*steps: dict) -> Trace:
+    """A run of `steps` after an agent's instructions and its task."""
+    opening = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix the bug."}]
+    return Trace(name="t", source="", tools=None, messages=[*opening, *steps])
+
+
 def test_a_token_is_lost_only_when_nothing_sent_still_holds_it():
-    trace = Trace(
-        name="t",
-        source="",
-        tools=None,
-        messages=[
-            {"role": "system", "content": "You are an agent."},
-            {"role": "user", "content": "Fix the bug."},
-            {"role": "assistant", "content": "", "tool_calls": [_call("c1", "grep -n parse_header src")]},
-            {"role": "tool", "tool_call_id": "c1", "content": "src/http_utils.py:412: def parse_header(raw):"},
-            {"role": "assistant", "content": "", "tool_calls": [_call("c2", "ls")]},
-            {"role": "tool", "tool_call_id": "c2", "content": "setup.py README.rst"},
-            {"role": "assistant", "content": "", "tool_calls": [_call("c3", "sed -n 412,430p src/http_utils.py")]},
-        ],
+    trace = _task(
+        {"role": "assistant", "content": "", "tool_calls": [_call("c1", "grep -n parse_header src")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "src/http_utils.py:412: def parse_header(raw):"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("c2", "ls")]},
+        {"role": "tool", "tool_call_id": "c2", "content": "setup.py README.rst"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("c3", "sed -n 412,430p src/http_utils.py")]},
     )
     as_sent = [trace.messages[:i] for i in (2, 4, 6)]
     cleared = [list(r) for r in as_sent]
@@ -60,17 +59,10 @@ def test_a_token_is_lost_only_when_nothing_sent_still_holds_it():
 
 
 def test_what_stood_only_in_the_agents_own_message_is_lost_once_that_message_is_cut():
-    trace = Trace(
-        name="t",
-        source="",
-        tools=None,
-        messages=[
-            {"role": "system", "content": "You are an agent."},
-            {"role": "user", "content": "Fix the bug."},
-            {"role": "assistant", "content": "I will write repro_header.py.", "tool_calls": [_call("c1", "ls")]},
-            {"role": "tool", "tool_call_id": "c1", "content": "setup.py README.rst"},
-            {"role": "assistant", "content": "", "tool_calls": [_call("c2", "python repro_header.py")]},
-        ],
+    trace = _task(
+        {"role": "assistant", "content": "I will write repro_header.py.", "tool_calls": [_call("c1", "ls")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "setup.py README.rst"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("c2", "python repro_header.py")]},
     )
     as_sent = [trace.messages[:i] for i in (2, 4)]
     cut = [list(r) for r in as_sent]
