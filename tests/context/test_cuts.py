@@ -1,6 +1,7 @@
 """Cuts (`steps/cut.py`, `steps/agent_messages.py`) touch only a message's own text: one the dialect marks opaque
-(thinking, a sealed reasoning blob) is never cut, even when its estimate changed since the cut cache last saw its
-digest (a Responses reasoning item's token estimate follows the learned scale, its digest the client's bytes)."""
+(thinking, a sealed reasoning blob) is never cut, even when its estimate changed since the cut cache was last asked
+for it (a Responses reasoning item's token estimate follows the learned scale, its digest the client's bytes): the
+cache (`CutCache.cut`) keeps no content for such a message."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def _call(k: int) -> dict[str, Any]:
 def test_an_opaque_message_is_never_cut_when_its_estimate_changed_since_the_cache_saw_it() -> None:
     cache = CutCache()
     earlier = _draft(_conversation(_opaque(9000)), cache)
-    # a turn ago the same item (same digest) was estimated lower: the cache holds that content under its digest
+    # a turn ago the same item (same digest) was estimated lower, and the cache was asked for its cuts then
     limit = oversized_limit(earlier.usable, Policy().max_message_share)
     cache.cut(earlier.messages[4], earlier.journal.digests[4], limit, COUNTER)
     cache.cut(earlier.messages[4], earlier.journal.digests[4], Policy().agent_message_tokens, COUNTER)

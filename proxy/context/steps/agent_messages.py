@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from proxy.context.draft import Draft
 from proxy.context.fitting import never_cut
-from proxy.context.journal import AS_SENT, CUT, DROPPED, Decision, TurnReport
-from proxy.context.messages import content_text, newest
+from proxy.context.journal import AS_SENT, DROPPED, TurnReport
+from proxy.context.messages import newest
 from proxy.context.steps.base import Epoch
 from proxy.context.steps.cut import Cutting
 
 
 class AgentMessages(Cutting):
-    """Records `CUT` decisions: what it sends is `Cutting`'s cut, from the same cache."""
+    """Records `CUT` decisions (`Cutting.cut`): what it sends is `Cutting`'s cut, from the same cache."""
 
     def edit(self, draft: Draft, epoch: Epoch, report: TurnReport) -> None:
         policy = draft.policy
@@ -39,9 +39,5 @@ class AgentMessages(Cutting):
         for i in agent:
             if i <= start or i in recent or i in (unread, last) or kept[i]:
                 continue
-            if decisions[i] is not AS_SENT or journal.sent[i] <= allowance or content_text(messages[i]) is None:
-                continue  # already edited, short enough, or no text of its own to cut (opaque: thinking, reasoning)
-            cut = self.cache.cut(messages[i], journal.digests[i], allowance, draft.counter)
-            if cut["content"] != messages[i].get("content"):
-                draft.decide(i, Decision(CUT, max_tokens=allowance))
-                report.cut += 1
+            if decisions[i] is AS_SENT and journal.sent[i] > allowance:  # not edited yet, and long enough to cut
+                self.cut(draft, i, allowance, report)

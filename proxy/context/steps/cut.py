@@ -27,7 +27,11 @@ class CutCache(ByteLru[tuple[bytes, int], Any]):
         super().__init__(max_bytes)
 
     def cut(self, message: Message, digest: bytes, max_tokens: int, counter: Counter) -> Message:
-        """The head+tail cut of `message` within `max_tokens` (the message itself when it already fits)."""
+        """The head+tail cut of `message` within `max_tokens` (the message itself when it already fits, or has no
+        text of its own: an opaque one, thinking or reasoning, whose content carries an estimate that follows the
+        learned scale under the same digest, so a kept content could differ from it)."""
+        if content_text(message) is None:
+            return message
         key = (digest, max_tokens)
         content = self.get(key)
         if content is None:
@@ -57,12 +61,15 @@ class Cutting:
         kept = never_cut(draft.messages, draft.policy.pin_first_user)
         unread = newest(draft.messages)
         for i in draft.visible()[:-1]:
-            message = draft.messages[i]
             if i == unread or journal.decisions[i] is not AS_SENT or journal.sent[i] <= limit or kept[i]:
                 continue
-            if content_text(message) is None:  # no text of its own (opaque: thinking, reasoning): nothing to cut, and
-                continue  # the cache may hold its content as estimated under another scale (same digest)
-            # The cache keeps the cut made here, so recording the decision below does not cut the message again.
-            if self.cache.cut(message, journal.digests[i], limit, draft.counter)["content"] != message.get("content"):
-                draft.decide(i, Decision(CUT, max_tokens=limit))
-                report.cut += 1
+            self.cut(draft, i, limit, report)
+
+    def cut(self, draft: Draft, i: int, max_tokens: int, report: TurnReport) -> None:
+        """Record a cut of client message `i` within `max_tokens`, when that cuts anything."""
+        message = draft.messages[i]
+        # The cache keeps the cut made here, so recording the decision below does not cut the message again.
+        cut = self.cache.cut(message, draft.journal.digests[i], max_tokens, draft.counter)
+        if cut["content"] != message.get("content"):
+            draft.decide(i, Decision(CUT, max_tokens=max_tokens))
+            report.cut += 1
