@@ -2,7 +2,10 @@
 
 Two parts. The transforms: every tool output of every trace compacted against all earlier outputs
 (the most any rule could point at), as a share of the output tokens each removes: runs of lines
-standing in an earlier output, runs standing higher up in the same output, lines repeated back to back.
+standing in an earlier output, runs standing higher up in the same output, lines repeated back to back;
+and, on what all three leave, the most two log folds could still remove (not built; measured for issue 27):
+lines equal to one higher up once numbers are masked (a log's repeated template) and the part of a line it
+shares with the line before (a listing's common path), each counted whole, as if folding kept nothing of it.
 The policy: each set replayed through `process` with `compact` on and off and `mode = "lossless"`
 (`bench.quality.measure`: the same bills and lost measure as `bench quality`), at 128k and 32k,
 d = 1 / 0.5 / 0.1. And what bounds it at d = 0.1: every output compacted against every earlier one,
@@ -12,6 +15,7 @@ proxy's rule) and compacted on arrival too (a peer's that edits what the agent i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,8 @@ from tests.context.replay import TRACE_NAMES, model, policy_for, run
 DISCOUNTS = (1.0, 0.5, 0.1)
 LABEL = "the output of call call_0123456789abcdef above"  # a pointer's label as long as a real call id's
 WINDOWS = (128000, 32000)
+NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
+SHARED_PREFIX = 16  # characters a line shares with the one before it before a fold could point at them
 SETTINGS = (
     Setting("compact off", policy={"compact": False}),
     Setting("compact on (default)"),
@@ -40,12 +46,14 @@ def sets() -> dict[str, list[str | Path]]:
         "held-out": list(held_out()),
         "sample A": list(held_out("sample_a")),
         "sample B": list(held_out("sample_b")),
+        "others A": list(held_out("others_a")),
+        "others B": list(held_out("others_b")),
     }
 
 
 def transforms(traces: list[Trace], counter: Counter) -> dict[str, float]:
     """The share of all output tokens each transform removes, every output compacted against all before it."""
-    total = runs_saved = own_saved = repeats_saved = 0
+    total = runs_saved = own_saved = repeats_saved = templates = prefixes = 0
     for trace in traces:
         patterns = compile_patterns(policy_for(trace).clear_tool_outputs.observation_patterns)
         places = Places()
@@ -60,6 +68,8 @@ def transforms(traces: list[Trace], counter: Counter) -> dict[str, float]:
             runs_saved += size - counter.count_text(apply(text, [r for r in runs if r.source >= 0], labels))
             own_saved += size - counter.count_text(apply(text, [r for r in runs if r.source == OWN], labels))
             repeats_saved += size - counter.count_text(apply(text, [r for r in runs if r.source == REPEATED], labels))
+            template, prefix = _folds(apply(text, runs, labels), counter)
+            templates, prefixes = templates + template, prefixes + prefix
             places.add(i, text)
     share = 1 / max(1, total)
     return {
@@ -67,7 +77,29 @@ def transforms(traces: list[Trace], counter: Counter) -> dict[str, float]:
         "runs": runs_saved * share,
         "own": own_saved * share,
         "repeats": repeats_saved * share,
+        "templates": templates * share,
+        "prefixes": prefixes * share,
     }
+
+
+def _folds(text: str, counter: Counter) -> tuple[int, int]:
+    """Tokens of `text`'s lines equal to one higher up with numbers masked, and of the prefixes (from
+    `SHARED_PREFIX` characters) its lines share with the line before: what log folds could at most remove."""
+    templates = prefixes = 0
+    seen: set[str] = set()
+    before = ""
+    for line in text.split("\n"):
+        masked = NUMBERS.sub("#", line.strip())
+        if len(masked) >= 8 and masked in seen:
+            templates += counter.count_text(line)
+        else:
+            shared = next((k for k, (a, b) in enumerate(zip(line, before, strict=False)) if a != b), None)
+            shared = min(len(line), len(before)) if shared is None else shared
+            if shared >= SHARED_PREFIX:
+                prefixes += counter.count_text(line[:shared])
+        seen.add(masked)
+        before = line
+    return templates, prefixes
 
 
 def every_output_compacted(trace: Trace, newest_too: bool) -> Send:
@@ -120,9 +152,21 @@ def render(result: dict[str, Any]) -> str:
     lines = ["Transforms (share of all output tokens removed, each output against all earlier ones):"]
     lines.append(
         table(
-            ["set", "output tokens", "runs standing in an earlier output", "higher up in the same", "lines repeated"],
             [
-                [name, t["output_tokens"], f"{t['runs']:.3f}", f"{t['own']:.3f}", f"{t['repeats']:.3f}"]
+                "set",
+                "output tokens",
+                "runs standing in an earlier output",
+                "higher up in the same",
+                "lines repeated",
+                "then, at most: a log's templates",
+                "a listing's shared prefixes",
+            ],
+            [
+                [
+                    name,
+                    t["output_tokens"],
+                    *(f"{t[k]:.3f}" for k in ("runs", "own", "repeats", "templates", "prefixes")),
+                ]
                 for name, t in result["transforms"].items()
             ],
         )
