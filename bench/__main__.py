@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         "--set",
         action="append",
         help="quality, hindsight, frontier, reach: only this set (repeatable), e.g. 'others A'; fleet: tuned, "
-        "held-out, others-tuned, others-held-out (the history pass then serves others A too)",
+        "held-out, held-out-c, others-tuned, others-held-out (the history pass then serves others A too)",
     )
     parser.add_argument("--discount", type=float, help="fleet: d, the cached price ÷ the input price (0.1)")
     parser.add_argument(

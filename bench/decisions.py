@@ -1,14 +1,14 @@
 """Whether a change to the engine changed what it decides: a digest of every turn it sends upstream.
 
-`python -m bench decisions` plays every set `bench quality` knows (packaged, held-out, samples A and B, others A
-and B) turn by turn through the engine in this process (bench/engine.py, as the server calls it), each run its own
-session, under a few settings: the model table's 128k and 1M windows at three cached prices, every window cut to
-32k, and `mode = "lossless"`; as Messages bodies (`proxy.demo.traces_messages`: Claude Code's breakpoints, and
-none) on two Claude models; and as Responses bodies (`proxy.demo.traces_responses`, as Codex sends them). For each
-setting and API it hashes every turn's upstream bytes and X-Context-* headers (a turn refused for overflow hashes
-its error). Run it at two revisions: the same digests mean the same bytes went upstream on every turn, so a change
-meant to save CPU changed no decision. It measures nothing to tune on: the held-out sets are played only to be
-compared with themselves.
+`python -m bench decisions` plays the sets in `SETS` (packaged, held-out, samples A and B, others A and B: not
+sample C, drawn after the digests were first taken) turn by turn through the engine in this process
+(bench/engine.py, as the server calls it), each run its own session, under a few settings: the model table's 128k
+and 1M windows at three cached prices, every window cut to 32k, and `mode = "lossless"`; as Messages bodies
+(`proxy.demo.traces_messages`: Claude Code's breakpoints, and none) on two Claude models; and as Responses bodies
+(`proxy.demo.traces_responses`, as Codex sends them). For each setting and API it hashes every turn's upstream bytes
+and X-Context-* headers (a turn refused for overflow hashes its error). Run it at two revisions: the same digests
+mean the same bytes went upstream on every turn, so a change meant to save CPU changed no decision. It measures
+nothing to tune on: the held-out sets are played only to be compared with themselves.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ CLAUDE_MODELS = ("claude-sonnet-4-5", "claude-sim-32k")  # 200k and 32k, reads 0
 RESPONSES_MODELS = ("gpt-5", "bench-unlisted-model")  # as Codex sends them
 DIALECTS = {"chat": CHAT, "messages": MESSAGES, "responses": RESPONSES}
 SETTINGS = ("shipped", "32k", "lossless")
+# The sets the digests are taken over (sample C, drawn later, is left out so digests stay comparable across commits).
+SETS = ("packaged", "held-out", "sample A", "sample B", "others A", "others B")
 
 
 def _settings(name: str) -> Settings:
@@ -114,7 +116,7 @@ def _play(setting: str, api: str, traces: list[str | Path]) -> dict[str, Any]:
 
 
 def run_decisions() -> dict[str, Any]:
-    traces = [name for names in named_sets().values() for name in names]
+    traces = [name for names in named_sets(list(SETS)).values() for name in names]
     rows = [_play(setting, api, traces) for api in DIALECTS for setting in SETTINGS]
     return {"traces": len(traces), "rows": rows}
 

@@ -5,7 +5,8 @@ serves the history sets (the packaged traces, then `bench/traces/sample_a`), eac
 by the proxy's own sweep (`[policy] session_end_idle_s`, here 1 ms; the sweep is called after each run, as its
 timer would), so these runs are billed as an agent with no history yet. Then it serves the measured set as
 new sessions of the same agents: `tuned` (the history sets again, what the rule was tuned on) or `held-out`
-(`sample_b`, never tuned on). Each run is also replayed direct; billed input = uncached + d × cached.
+(`sample_b`, never tuned on) or `held-out-c` (`sample_c`, drawn after every rule was chosen). Each run is also
+replayed direct; billed input = uncached + d × cached.
 
 `api="messages"`: the same sessions as Claude Code sends them (`bench anthropic`'s replay: breakpoints on the
 system prompt and the last message, a signed thinking block per assistant turn) to claude-sonnet-4-5 (200k) at
@@ -49,6 +50,7 @@ def _sets(measured: tuple[str, ...] = ()) -> dict[str, list[str | Path]]:
         "history": [*history, *held_out("others_a")] if others else history,
         "tuned": history,
         "held-out": list(held_out("sample_b")),
+        "held-out-c": list(held_out("sample_c")),
         "others-tuned": list(held_out("others_a")),
         "others-held-out": list(held_out("others_b")),
     }

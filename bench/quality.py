@@ -264,7 +264,7 @@ def measure(
 
 
 def held_out(sample: str = "") -> list[Path]:
-    """The held-out traces (`bench/traces/*.json`), or those of one sample (`sample_a`, `sample_b`)."""
+    """The held-out traces (`bench/traces/*.json`), or those of one sample (`sample_a`, `sample_b`, `sample_c`)."""
     return sorted((HELD_OUT / sample).glob("*.json"))
 
 
@@ -276,6 +276,7 @@ def named_sets(names: list[str] | None = None) -> dict[str, list[str | Path]]:
         "held-out": list(held_out()),
         "sample A": list(held_out("sample_a")),
         "sample B": list(held_out("sample_b")),
+        "sample C": list(held_out("sample_c")),
         "others A": list(held_out("others_a")),
         "others B": list(held_out("others_b")),
     }

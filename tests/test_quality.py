@@ -74,9 +74,9 @@ def test_what_stood_only_in_the_agents_own_message_is_lost_once_that_message_is_
 
 
 def test_held_out_traces_are_not_the_packaged_ones_nor_each_other():
-    samples = ("", "sample_a", "sample_b", "others_a", "others_b")
+    samples = ("", "sample_a", "sample_b", "sample_c", "others_a", "others_b")
     sets = [{load(p).source for p in held_out(sample)} for sample in samples]
-    assert [len(s) for s in sets] == [4, 12, 12, 13, 11]
+    assert [len(s) for s in sets] == [4, 12, 12, 12, 13, 11]
     seen = {load(n).source for n in TRACE_NAMES}
     for s in sets:
         assert not s & seen

@@ -129,12 +129,12 @@ def _turn_bills(requests: list[list], counter, tools, discount: float) -> list[f
 def test_at_no_turn_but_an_edits_own_is_a_session_behind_direct(discount, real_counter):
     """However soon a session ends, its edits have not cost it more than sending its requests as they were,
     unless it ends on the turn of an edit, and then by less than that turn's input. Over every trace we
-    have (packaged, held-out, the two samples, the other agents' runs): the 24 sampled runs are where the first
+    have (packaged, held-out, the three samples, the other agents' runs): the 24 sampled runs are where the first
     edit's old one-turn allowance billed 3 traces above direct; fc_replace_marshmallow-1867 is where a clearing
     priced without the compacted output that pointed into what it cleared (and stood whole again) billed 1.106."""
-    names = [*TRACE_NAMES, *held_out(), *held_out("sample_a"), *held_out("sample_b")]
+    names = [*TRACE_NAMES, *held_out(), *held_out("sample_a"), *held_out("sample_b"), *held_out("sample_c")]
     names += [*held_out("others_a"), *held_out("others_b")]
-    assert len(names) == 55
+    assert len(names) == 67
     for name in names:
         trace = load(name)
         result = run(trace, policy_for(trace), model(128000, discount), real_counter)
