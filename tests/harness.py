@@ -7,6 +7,7 @@ the proxy with the access middleware installed; the tests talk to it over real s
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from aiohttp import web
 
@@ -162,14 +164,44 @@ def chat_body(text: str = "Say hello.", *, stream: bool = False, model: str = "g
 
 
 async def settle(predicate: Any, timeout: float = 2.0, step: float = 0.01) -> bool:
-    """Poll `predicate()` until true or `timeout`; True if it became true."""
+    """Poll `predicate()` (a bool, or an awaitable of one) until true or `timeout`; True if it became true."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while loop.time() < end:
-        if predicate():
+        if await _truth(predicate()):
             return True
         await asyncio.sleep(step)
-    return bool(predicate())
+    return await _truth(predicate())
+
+
+async def _truth(value: Any) -> bool:
+    return bool(await value) if inspect.isawaitable(value) else bool(value)
+
+
+# A tool-calling agent's one tool, as `scripted_agent` calls it.
+BASH_TOOL = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
+
+
+async def scripted_agent(
+    url: str, sim: Simulator, steps: int, step: Any, model: str = "gpt-4o"
+) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """An agent's run through the official SDK at `url` (a proxy's `/s/{id}/v1`): after a system prompt and a
+    task, turn `k` appends the agent's call to `bash` and its output, `step(k) -> (text, arguments, output)`, and
+    sends the conversation. Returns the agent's messages and what reached the simulator each turn."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Fix the header parsing bug."},
+    ]
+    upstream = []
+    async with openai.AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0) as sdk:
+        for k in range(steps):
+            text, arguments, output = step(k)
+            call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": arguments}}
+            messages.append({"role": "assistant", "content": text, "tool_calls": [call]})
+            messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": output})
+            await sdk.chat.completions.create(model=model, messages=messages, tools=BASH_TOOL)  # type: ignore[arg-type]
+            upstream.append(sim.requests[-1].body["messages"])
+    return messages, upstream
 
 
 def is_openai_error(payload: Any) -> bool:

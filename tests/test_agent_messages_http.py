@@ -26,6 +26,7 @@ from proxy.demo.simulator.blocks import sign
 from proxy.service.engine_service import build_context_service
 from proxy.shell.server import start
 from proxy.tokens.counter import counter_for
+from tests.harness import scripted_agent
 from tests.pairing import check_pairing
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -63,7 +64,6 @@ OFF = 'match = ["off-*"]\n\n[policy]\nagent_message_tokens = 0\n'
 LOSSLESS = 'match = ["lossless-*"]\n\n[policy]\nmode = "lossless"\n'
 TEXT_MODE = "match = [\"text-*\"]\n\n[policy.clear_tool_outputs]\nobservation_patterns = ['\\Arun \\d+ ']\n"
 COUNTER = counter_for("o200k_base")
-TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
 STEPS = 24
 
 
@@ -97,19 +97,9 @@ async def agent(
     root: str, sim: Any, session: str, model: str = "gpt-4o"
 ) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
     """The agent's run through the proxy: its own messages, and what went upstream each turn."""
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are an agent."},
-        {"role": "user", "content": "Fix the header parsing bug."},
-    ]
-    upstream = []
-    async with openai.AsyncOpenAI(base_url=f"{root}/s/{session}/v1", api_key="sk-test", max_retries=0) as sdk:
-        for k in range(STEPS):
-            call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": arguments(k)}}
-            messages.append({"role": "assistant", "content": thought(k), "tool_calls": [call]})
-            messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": f"run {k} " + "x " * 150})
-            await sdk.chat.completions.create(model=model, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
-            upstream.append(sim.requests[-1].body["messages"])
-    return messages, upstream
+    return await scripted_agent(
+        f"{root}/s/{session}/v1", sim, STEPS, lambda k: (thought(k), arguments(k), f"run {k} " + "x " * 150), model
+    )
 
 
 async def epochs(root: str, session: str) -> list[int]:

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import openai
 import pytest
 import pytest_asyncio
 
@@ -22,6 +21,7 @@ from proxy.context.clearing import CLEARED_SUFFIX, PLACEHOLDER
 from proxy.demo.simulator import SIMULATOR, start_simulator
 from proxy.service.engine_service import build_context_service
 from proxy.shell.server import start
+from tests.harness import scripted_agent
 from tests.pairing import check_pairing
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -46,7 +46,6 @@ cached_input_per_mtok = 1.0
 reserve_output_tokens = 4096
 """
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
 IO_VIEW = "[File: /repo/src/io_utils.py (400 lines total)]\n" + "\n".join(
     f"{n}:    " + ("def read_header_v2(raw):" if n == 88 else f"value_{n} = compute_{n}(raw)") for n in range(40, 140)
 )
@@ -75,19 +74,11 @@ async def proxy(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple
 
 async def agent(root: str, sim: Any, session: str, model: str, steps: int) -> list[list[dict[str, Any]]]:
     """The agent's run through the proxy: what went upstream each turn."""
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are an agent."},
-        {"role": "user", "content": "Fix the header parsing bug."},
-    ]
-    upstream = []
-    async with openai.AsyncOpenAI(base_url=f"{root}/s/{session}/v1", api_key="sk-test", max_retries=0) as sdk:
-        for k in range(steps):
-            call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
-            messages.append({"role": "assistant", "content": STEPS.get(k, f"Step {k}."), "tool_calls": [call]})
-            body = OUTPUTS.get(k, f"run {k} " + "x " * 2000)
-            messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": body})
-            await sdk.chat.completions.create(model=model, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
-            upstream.append(sim.requests[-1].body["messages"])
+
+    def step(k: int) -> tuple[str, str, str]:
+        return STEPS.get(k, f"Step {k}."), "{}", OUTPUTS.get(k, f"run {k} " + "x " * 2000)
+
+    _, upstream = await scripted_agent(f"{root}/s/{session}/v1", sim, steps, step, model)
     return upstream
 
 

@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from proxy.demo.simulator import SIMULATOR, start_simulator
-from tests.harness import closed_port
+from tests.harness import closed_port, settle
 from tests.redis_server import REDIS_SERVER, RedisServer
 from tests.test_state_redis import ask, reference, turns, wait_healthy, write_config
 
@@ -70,12 +69,8 @@ async def _requests_served(port: int) -> float:
 CHAT_REQUESTS = 'context_proxy_requests_total{route="chat_completions",'
 
 
-async def _settled(port: int, served: int, timeout_s: float = 10.0) -> None:
-    """Until a scrape reads `served`: the worker that sent the last answer counts it once its handler has returned,
-    and the client may already be scraping the other worker by then (on a loaded machine, it was: 39 of 40)."""
-    deadline = time.monotonic() + timeout_s
-    while await _requests_served(port) != served and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+async def _reads(port: int, served: int) -> bool:
+    return await _requests_served(port) == served
 
 
 @pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed (.ci/run installs it)")
@@ -94,7 +89,9 @@ async def test_every_worker_answers_metrics_for_all_of_them_and_a_restarted_one_
                 client.post(f"http://127.0.0.1:{port}/s/m-{i}/v1/chat/completions", json=body) as response,
             ):
                 assert response.status == 200
-        await _settled(port, served)
+        # The worker that sent the last answer counts it once its handler returns; by then the client may already
+        # be scraping the other worker (on a loaded machine it read 39 of 40).
+        await settle(lambda: _reads(port, served), timeout=10.0, step=0.05)
         scrapes = [await _requests_served(port) for _ in range(10)]  # each on a new connection, either worker
         assert scrapes == [served] * 10
         workers = _children(parent.pid)
